@@ -1,0 +1,1 @@
+//! PT2 frontend (being written).

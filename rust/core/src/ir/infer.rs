@@ -1,0 +1,405 @@
+//! Type rules: the output dtype and shape of every op, computed from its inputs.
+//! The same rules build graphs (`Graph::add`) and check them (`verify`).
+
+use super::op::{BinaryOp, Op, ReduceOp};
+use super::TensorType;
+use crate::dim::{format_shape, numel, Dim, DimOp};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+fn shape_err<T>(msg: String) -> Result<T> {
+    Err(Error::Shape(msg))
+}
+
+fn arity(op: &Op, inputs: &[&TensorType], n: usize) -> Result<()> {
+    if inputs.len() != n {
+        return Err(Error::Compile(format!(
+            "{} takes {n} inputs, got {}",
+            op.name(),
+            inputs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Two dims must agree; unknown (symbolic) equality is left to the run-time check.
+fn same_dim(a: &Dim, b: &Dim, what: &str) -> Result<()> {
+    if a.provably_equal(b) == Some(false) {
+        return shape_err(format!("{what}: {a} vs {b}"));
+    }
+    Ok(())
+}
+
+fn same_shape(a: &[Dim], b: &[Dim], what: &str) -> Result<()> {
+    if a.len() != b.len() {
+        return shape_err(format!(
+            "{what}: rank mismatch {} vs {}",
+            format_shape(a),
+            format_shape(b)
+        ));
+    }
+    for (x, y) in a.iter().zip(b) {
+        same_dim(x, y, &format!("{what} {} vs {}", format_shape(a), format_shape(b)))?;
+    }
+    Ok(())
+}
+
+fn check_axis(axis: usize, rank: usize, op: &Op) -> Result<()> {
+    if axis >= rank {
+        return shape_err(format!("{}: axis {axis} out of range for rank {rank}", op.name()));
+    }
+    Ok(())
+}
+
+/// Output type of `op` applied to `inputs`. Source ops (input, weight, constant, full, iota)
+/// have no inputs; for them `declared` is the node's type, which this checks.
+pub fn infer_type(
+    op: &Op,
+    inputs: &[&TensorType],
+    declared: Option<&TensorType>,
+) -> Result<TensorType> {
+    let first = inputs.first().copied();
+    let out = match op {
+        Op::Input { .. } | Op::Weight { .. } | Op::Full { .. } => {
+            arity(op, inputs, 0)?;
+            declared
+                .cloned()
+                .ok_or_else(|| Error::Compile(format!("{} needs a declared type", op.name())))?
+        }
+        Op::Constant(data) => {
+            arity(op, inputs, 0)?;
+            let ty = declared
+                .cloned()
+                .ok_or_else(|| Error::Compile("constant needs a declared type".into()))?;
+            let want: Vec<Dim> = data.shape.iter().map(|&d| Dim::from(d)).collect();
+            same_shape(&ty.shape, &want, "constant shape")?;
+            let n: usize = data.shape.iter().product();
+            if data.bytes.len() != n * ty.dtype.size() {
+                return Err(Error::Compile(format!(
+                    "constant of shape {:?} {} has {} bytes",
+                    data.shape,
+                    ty.dtype,
+                    data.bytes.len()
+                )));
+            }
+            ty
+        }
+        Op::Iota { .. } => {
+            arity(op, inputs, 0)?;
+            let ty = declared
+                .cloned()
+                .ok_or_else(|| Error::Compile("iota needs a declared type".into()))?;
+            if ty.rank() != 1 {
+                return shape_err(format!("iota must be 1-D, got {}", format_shape(&ty.shape)));
+            }
+            ty
+        }
+        Op::Unary(u) => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            if u.needs_float() && !x.dtype.is_float() {
+                return Err(Error::Compile(format!(
+                    "{} needs a float input, got {}",
+                    u.name(),
+                    x.dtype
+                )));
+            }
+            let dtype = if u.returns_bool() { DType::Bool } else { x.dtype };
+            TensorType::new(dtype, x.shape.clone())
+        }
+        Op::Binary(b) => {
+            arity(op, inputs, 2)?;
+            let (x, y) = (inputs[0], inputs[1]);
+            if x.dtype != y.dtype {
+                return Err(Error::Compile(format!(
+                    "{} operands must share a dtype (frontends cast): {} vs {}",
+                    b.name(),
+                    x.dtype,
+                    y.dtype
+                )));
+            }
+            same_shape(&x.shape, &y.shape, b.name())?;
+            if matches!(b, BinaryOp::Atan2) && !x.dtype.is_float() {
+                return Err(Error::Compile("atan2 needs float inputs".into()));
+            }
+            if b.is_logical() && x.dtype.is_float() {
+                return Err(Error::Compile(format!("{} needs bool or integer inputs", b.name())));
+            }
+            let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
+            TensorType::new(dtype, x.shape.clone())
+        }
+        Op::Where => {
+            arity(op, inputs, 3)?;
+            let (c, a, b) = (inputs[0], inputs[1], inputs[2]);
+            if c.dtype != DType::Bool || a.dtype != b.dtype {
+                return Err(Error::Compile(format!(
+                    "where needs (bool, T, T), got ({}, {}, {})",
+                    c.dtype, a.dtype, b.dtype
+                )));
+            }
+            same_shape(&c.shape, &a.shape, "where")?;
+            same_shape(&a.shape, &b.shape, "where")?;
+            a.clone()
+        }
+        Op::Cast { to } => {
+            arity(op, inputs, 1)?;
+            TensorType::new(*to, first.unwrap().shape.clone())
+        }
+        Op::Reduce { op: r, axes, keepdim } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            if axes.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(Error::Compile(format!("reduce axes must be sorted: {axes:?}")));
+            }
+            for &a in axes {
+                check_axis(a, x.rank(), op)?;
+            }
+            if r.is_arg() && axes.len() != 1 {
+                return Err(Error::Compile(format!("{} takes exactly one axis", r.name())));
+            }
+            let mut shape = Vec::new();
+            for (i, d) in x.shape.iter().enumerate() {
+                if axes.contains(&i) {
+                    if *keepdim {
+                        shape.push(Dim::Const(1));
+                    }
+                } else {
+                    shape.push(d.clone());
+                }
+            }
+            let dtype = match r {
+                ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
+                _ => x.dtype,
+            };
+            TensorType::new(dtype, shape)
+        }
+        Op::Dot => {
+            arity(op, inputs, 2)?;
+            let (a, b) = (inputs[0], inputs[1]);
+            if a.rank() < 2 || a.rank() != b.rank() || a.dtype != b.dtype {
+                return shape_err(format!(
+                    "dot needs equal-rank (≥2) operands of one dtype: {} {} x {} {}",
+                    a.dtype,
+                    format_shape(&a.shape),
+                    b.dtype,
+                    format_shape(&b.shape)
+                ));
+            }
+            let r = a.rank();
+            same_shape(&a.shape[..r - 2], &b.shape[..r - 2], "dot batch dims")?;
+            same_dim(&a.shape[r - 1], &b.shape[r - 2], "dot contraction dim")?;
+            let mut shape = a.shape[..r - 1].to_vec();
+            shape.push(b.shape[r - 1].clone());
+            TensorType::new(a.dtype, shape)
+        }
+        Op::Reshape { shape } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            same_dim(&numel(&x.shape), &numel(shape), "reshape element count")?;
+            TensorType::new(x.dtype, shape.clone())
+        }
+        Op::Permute { perm } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            let mut seen = vec![false; x.rank()];
+            if perm.len() != x.rank() {
+                return shape_err(format!("permute {perm:?} for rank {}", x.rank()));
+            }
+            for &p in perm {
+                if p >= x.rank() || seen[p] {
+                    return shape_err(format!("permute {perm:?} is not a permutation"));
+                }
+                seen[p] = true;
+            }
+            TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p].clone()).collect())
+        }
+        Op::Expand { shape } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            if shape.len() != x.rank() {
+                return shape_err(format!(
+                    "expand {} to {} changes rank",
+                    format_shape(&x.shape),
+                    format_shape(shape)
+                ));
+            }
+            for (from, to) in x.shape.iter().zip(shape) {
+                if from.as_const() != Some(1) {
+                    same_dim(from, to, "expand of a non-1 dim")?;
+                }
+            }
+            TensorType::new(x.dtype, shape.clone())
+        }
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            check_axis(*axis, x.rank(), op)?;
+            if *step < 1 {
+                return shape_err(format!("slice step must be ≥ 1, got {step}"));
+            }
+            if let (Some(s), Some(e), Some(n)) =
+                (start.as_const(), end.as_const(), x.shape[*axis].as_const())
+            {
+                if !(0 <= s && s <= e && e <= n) {
+                    return shape_err(format!("slice [{s}:{e}] of a dim of size {n}"));
+                }
+            }
+            // ceil((end - start) / step)
+            let len = Dim::binary(
+                DimOp::FloorDiv,
+                &(end - start) + &Dim::Const(step - 1),
+                Dim::Const(*step),
+            );
+            let mut shape = x.shape.clone();
+            shape[*axis] = len;
+            TensorType::new(x.dtype, shape)
+        }
+        Op::Flip { axes } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            for &a in axes {
+                check_axis(a, x.rank(), op)?;
+            }
+            x.clone()
+        }
+        Op::Pad { pads, .. } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            if pads.len() != x.rank() || pads.iter().any(|&(a, b)| a < 0 || b < 0) {
+                return shape_err(format!("pad {pads:?} for rank {}", x.rank()));
+            }
+            let shape = x
+                .shape
+                .iter()
+                .zip(pads)
+                .map(|(d, &(a, b))| d + &Dim::Const(a + b))
+                .collect();
+            TensorType::new(x.dtype, shape)
+        }
+        Op::Concat { axis } => {
+            let x = first.ok_or_else(|| Error::Compile("concat of no tensors".into()))?;
+            check_axis(*axis, x.rank(), op)?;
+            let mut total = Dim::Const(0);
+            for t in inputs {
+                if t.dtype != x.dtype || t.rank() != x.rank() {
+                    return shape_err(format!(
+                        "concat of {} {} with {} {}",
+                        x.dtype,
+                        format_shape(&x.shape),
+                        t.dtype,
+                        format_shape(&t.shape)
+                    ));
+                }
+                for (i, (a, b)) in x.shape.iter().zip(&t.shape).enumerate() {
+                    if i != *axis {
+                        same_dim(a, b, "concat")?;
+                    }
+                }
+                total = &total + &t.shape[*axis];
+            }
+            let mut shape = x.shape.clone();
+            shape[*axis] = total;
+            TensorType::new(x.dtype, shape)
+        }
+        Op::Gather { axis } => {
+            arity(op, inputs, 2)?;
+            let (x, idx) = (inputs[0], inputs[1]);
+            check_axis(*axis, x.rank(), op)?;
+            if idx.rank() != x.rank() || !idx.dtype.is_int() {
+                return shape_err(format!(
+                    "gather index must be an integer tensor of rank {}, got {} {}",
+                    x.rank(),
+                    idx.dtype,
+                    format_shape(&idx.shape)
+                ));
+            }
+            TensorType::new(x.dtype, idx.shape.clone())
+        }
+        Op::IndexSelect { axis } => {
+            arity(op, inputs, 2)?;
+            let (x, idx) = (inputs[0], inputs[1]);
+            check_axis(*axis, x.rank(), op)?;
+            if !idx.dtype.is_int() {
+                return shape_err(format!("index must be an integer tensor, got {}", idx.dtype));
+            }
+            let mut shape = x.shape[..*axis].to_vec();
+            shape.extend(idx.shape.iter().cloned());
+            shape.extend(x.shape[axis + 1..].iter().cloned());
+            TensorType::new(x.dtype, shape)
+        }
+        Op::Cumsum { axis } | Op::Softmax { axis, .. } => {
+            arity(op, inputs, 1)?;
+            let x = first.unwrap();
+            check_axis(*axis, x.rank(), op)?;
+            if matches!(op, Op::Softmax { .. }) && !x.dtype.is_float() {
+                return Err(Error::Compile("softmax needs a float input".into()));
+            }
+            x.clone()
+        }
+        Op::LayerNorm {
+            axis,
+            has_weight,
+            has_bias,
+            ..
+        } => {
+            arity(op, inputs, 1 + *has_weight as usize + *has_bias as usize)?;
+            norm_type(op, inputs, *axis)?
+        }
+        Op::RmsNorm {
+            axis, has_weight, ..
+        } => {
+            arity(op, inputs, 1 + *has_weight as usize)?;
+            norm_type(op, inputs, *axis)?
+        }
+        Op::Attention { has_mask, .. } => {
+            arity(op, inputs, 3 + *has_mask as usize)?;
+            let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+            let r = q.rank();
+            if r < 2 || k.rank() != r || v.rank() != r || !q.dtype.is_float() {
+                return shape_err("attention needs float q, k, v of equal rank ≥ 2".into());
+            }
+            if k.dtype != q.dtype || v.dtype != q.dtype {
+                return Err(Error::Compile("attention q, k, v must share a dtype".into()));
+            }
+            same_shape(&q.shape[..r - 2], &k.shape[..r - 2], "attention batch dims")?;
+            same_shape(&k.shape[..r - 1], &v.shape[..r - 1], "attention k/v")?;
+            same_dim(&q.shape[r - 1], &k.shape[r - 1], "attention head dim")?;
+            if *has_mask {
+                let m = inputs[3];
+                let mut want = q.shape[..r - 1].to_vec();
+                want.push(k.shape[r - 2].clone());
+                same_shape(&m.shape, &want, "attention mask")?;
+                if m.dtype != DType::Bool && m.dtype != q.dtype {
+                    return Err(Error::Compile(format!(
+                        "attention mask must be bool or {}, got {}",
+                        q.dtype, m.dtype
+                    )));
+                }
+            }
+            let mut shape = q.shape[..r - 1].to_vec();
+            shape.push(v.shape[r - 1].clone());
+            TensorType::new(q.dtype, shape)
+        }
+    };
+    Ok(out)
+}
+
+fn norm_type(op: &Op, inputs: &[&TensorType], axis: usize) -> Result<TensorType> {
+    let x = inputs[0];
+    check_axis(axis, x.rank(), op)?;
+    if !x.dtype.is_float() {
+        return Err(Error::Compile(format!("{} needs a float input", op.name())));
+    }
+    for p in &inputs[1..] {
+        same_shape(&p.shape, &x.shape[axis..], &format!("{} parameter", op.name()))?;
+        if p.dtype != x.dtype {
+            return Err(Error::Compile(format!("{} parameter dtype {}", op.name(), p.dtype)));
+        }
+    }
+    Ok(x.clone())
+}
