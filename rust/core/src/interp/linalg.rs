@@ -1,0 +1,139 @@
+//! Batched matrix products: `Dot` and scaled dot-product attention.
+
+use super::reduce::softmax_row;
+use super::value::{checked_numel, Data, Value};
+use super::R;
+use crate::dtype::DType;
+
+/// Splits `[B.., X, Y]` into (batch dims, X, Y).
+fn mat(shape: &[usize]) -> R<(&[usize], usize, usize)> {
+    match shape {
+        [b @ .., x, y] => Ok((b, *x, *y)),
+        _ => Err(format!("needs rank ≥ 2, got shape {shape:?}")),
+    }
+}
+
+fn batch_count(b: &[usize]) -> R<usize> {
+    checked_numel(b).ok_or_else(|| "shape overflows".to_string())
+}
+
+/// `[B.., M, K] × [B.., K, N] → [B.., M, N]`, accumulating in f64 (floats) or wrapping i64.
+pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
+    let (ba, m, k) = mat(&a.shape)?;
+    let (bb, k2, n) = mat(&b.shape)?;
+    if ba != bb || k != k2 || a.dtype != b.dtype {
+        return Err(format!(
+            "cannot multiply {} {:?} by {} {:?}",
+            a.dtype, a.shape, b.dtype, b.shape
+        ));
+    }
+    let batch = batch_count(ba)?;
+    let mut shape = ba.to_vec();
+    shape.extend([m, n]);
+    let total = checked_numel(&shape).ok_or("shape overflows")?;
+    let data = match (&a.data, &b.data) {
+        (Data::F(x), Data::F(y)) => {
+            let mut out = Vec::with_capacity(total);
+            for t in 0..batch {
+                let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
+                for i in 0..m {
+                    for j in 0..n {
+                        out.push((0..k).map(|p| x[i * k + p] * y[p * n + j]).sum());
+                    }
+                }
+            }
+            Data::F(out)
+        }
+        (Data::I(x), Data::I(y)) => {
+            let mut out = Vec::with_capacity(total);
+            for t in 0..batch {
+                let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
+                for i in 0..m {
+                    for j in 0..n {
+                        let s = (0..k).fold(0i64, |acc, p| {
+                            acc.wrapping_add(x[i * k + p].wrapping_mul(y[p * n + j]))
+                        });
+                        out.push(s);
+                    }
+                }
+            }
+            Data::I(out)
+        }
+        _ => return Err("operands hold data of different kinds".into()),
+    };
+    Ok(Value::from_data(a.dtype, shape, data))
+}
+
+fn floats<'a>(x: &'a Value, what: &str) -> R<&'a [f64]> {
+    match &x.data {
+        Data::F(v) => Ok(v),
+        Data::I(_) => Err(format!("{what} must be a float tensor, got {}", x.dtype)),
+    }
+}
+
+/// `softmax(q·kᵀ·scale [+ mask]) · v`. Causal keeps key j for query i when j ≤ i (top-left
+/// aligned); a bool mask keeps where true; a float mask is added. Fully masked rows give NaN.
+pub(crate) fn attention(
+    q: &Value,
+    k: &Value,
+    v: &Value,
+    mask: Option<&Value>,
+    scale: f64,
+    causal: bool,
+) -> R<Value> {
+    let (bq, l, e) = mat(&q.shape)?;
+    let (bk, s, e2) = mat(&k.shape)?;
+    let (bv, s2, ev) = mat(&v.shape)?;
+    let same_dtype = q.dtype == k.dtype && k.dtype == v.dtype;
+    if bq != bk || bk != bv || e != e2 || s != s2 || !same_dtype {
+        return Err(format!(
+            "q {} {:?}, k {:?}, v {:?} do not fit together",
+            q.dtype, q.shape, k.shape, v.shape
+        ));
+    }
+    let (qd, kd, vd) = (floats(q, "q")?, floats(k, "k")?, floats(v, "v")?);
+    let batch = batch_count(bq)?;
+    if let Some(m) = mask {
+        let mut want = bq.to_vec();
+        want.extend([l, s]);
+        if m.shape != want || (m.dtype != DType::Bool && !m.dtype.is_float()) {
+            return Err(format!(
+                "mask {} {:?} does not fit scores of shape {want:?}",
+                m.dtype, m.shape
+            ));
+        }
+    }
+    let mut out = Vec::with_capacity(batch * l * ev);
+    let mut scores = vec![0.0; s];
+    for t in 0..batch {
+        let (qb, kb, vb) = (&qd[t * l * e..], &kd[t * s * e..], &vd[t * s * ev..]);
+        for i in 0..l {
+            for (j, sc) in scores.iter_mut().enumerate() {
+                let dot: f64 = (0..e).map(|p| qb[i * e + p] * kb[j * e + p]).sum();
+                let mut x = dot * scale;
+                if causal && j > i {
+                    x = f64::NEG_INFINITY;
+                }
+                let at = (t * l + i) * s + j;
+                match mask.map(|m| &m.data) {
+                    Some(Data::I(keep)) if keep[at] == 0 => x = f64::NEG_INFINITY,
+                    Some(Data::F(add)) => x += add[at],
+                    _ => {}
+                }
+                *sc = x;
+            }
+            softmax_row(&mut scores, false);
+            if s == 0 {
+                // Every (no) score is masked.
+                out.resize(out.len() + ev, f64::NAN);
+                continue;
+            }
+            for c in 0..ev {
+                out.push((0..s).map(|j| scores[j] * vb[j * ev + c]).sum());
+            }
+        }
+    }
+    let mut shape = bq.to_vec();
+    shape.extend([l, ev]);
+    Ok(Value::from_data(q.dtype, shape, Data::F(out)))
+}
