@@ -1,0 +1,141 @@
+//! Compilation: weights and constants are bound once (no copy unless misaligned), each node's
+//! last use is found for freeing buffers early, and the concrete shapes of every node are
+//! resolved once per input-shape signature and cached.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ember_core::backend::Weights;
+use ember_core::ir::{Graph, Op};
+use ember_core::shapes::resolve;
+use ember_core::tensor::Storage as HostStorage;
+use ember_core::{Error, Result};
+
+use crate::buffer::Val;
+use crate::kernels::movement::{bind_bytes, scalar};
+
+/// Signatures kept before the cache is cleared (bounds memory under many dynamic shapes).
+const MAX_PLANS: usize = 256;
+
+/// Concrete facts about one call's shapes.
+pub struct Plan {
+    pub shapes: Vec<Vec<usize>>,
+    /// (start, end) of every `Slice` node (zeros elsewhere).
+    pub slices: Vec<(i64, i64)>,
+}
+
+pub struct Program {
+    pub graph: Graph,
+    /// Values known at compile time: weights, constants, and the scalar of each `Full`.
+    pub bound: Vec<Option<Val>>,
+    /// The last node reading each value; `usize::MAX` for graph outputs.
+    pub last_use: Vec<usize>,
+    /// Owned weight bytes we point into, kept alive with the program.
+    _keep: Vec<Arc<Vec<u8>>>,
+    plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
+}
+
+fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Error {
+    Error::Compile(format!(
+        "{msg} (op {}, node '{}')",
+        node.op.name(),
+        node.origin
+    ))
+}
+
+impl Program {
+    pub fn new(graph: &Graph, weights: &Weights) -> Result<Program> {
+        let graph = graph.clone();
+        let mut bound = Vec::with_capacity(graph.nodes.len());
+        let mut keep = Vec::new();
+        for node in &graph.nodes {
+            let dtype = node.ty.dtype;
+            let val = match &node.op {
+                Op::Weight { name } => {
+                    let w = weights
+                        .get(name)
+                        .ok_or_else(|| compile_err(node, format!("weight '{name}' is missing")))?;
+                    let want: Vec<Option<i64>> =
+                        node.ty.shape.iter().map(|d| d.as_const()).collect();
+                    let have: Vec<Option<i64>> = w.shape.iter().map(|&d| Some(d as i64)).collect();
+                    if w.dtype != dtype || want != have {
+                        return Err(compile_err(
+                            node,
+                            format!(
+                                "weight '{name}' is {}{:?}, the graph expects {:?}",
+                                w.dtype, w.shape, node.ty
+                            ),
+                        ));
+                    }
+                    if let HostStorage::Owned(bytes) = &w.storage {
+                        keep.push(bytes.clone());
+                    }
+                    Some(
+                        bind_bytes(dtype, &w.shape, w.bytes(), false)
+                            .map_err(|e| compile_err(node, e))?,
+                    )
+                }
+                Op::Constant(c) => Some(
+                    bind_bytes(dtype, &c.shape, &c.bytes, false)
+                        .map_err(|e| compile_err(node, e))?,
+                ),
+                Op::Full { value } => {
+                    Some(scalar(dtype, *value).map_err(|e| compile_err(node, e))?)
+                }
+                _ => None,
+            };
+            bound.push(val);
+        }
+        let mut last_use = vec![0; graph.nodes.len()];
+        for (id, node) in graph.nodes.iter().enumerate() {
+            for &i in &node.inputs {
+                if i >= id {
+                    return Err(compile_err(node, "graph is not in topological order"));
+                }
+                last_use[i] = id;
+            }
+        }
+        for &o in &graph.outputs {
+            if o >= graph.nodes.len() {
+                return Err(Error::Compile(format!("output %{o} does not exist")));
+            }
+            last_use[o] = usize::MAX;
+        }
+        Ok(Program {
+            graph,
+            bound,
+            last_use,
+            _keep: keep,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The plan for inputs of these shapes (cached).
+    pub fn plan(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
+        if let Some(p) = self.lock().get(input_shapes) {
+            return Ok(p.clone());
+        }
+        let resolved = resolve(&self.graph, input_shapes)?;
+        let mut slices = vec![(0, 0); self.graph.nodes.len()];
+        for (id, node) in self.graph.nodes.iter().enumerate() {
+            if let Op::Slice { start, end, .. } = &node.op {
+                slices[id] = (resolved.dim(start)?, resolved.dim(end)?);
+            }
+        }
+        let plan = Arc::new(Plan {
+            shapes: resolved.shapes,
+            slices,
+        });
+        let mut plans = self.lock();
+        if plans.len() >= MAX_PLANS {
+            plans.clear();
+        }
+        plans.insert(input_shapes.to_vec(), plan.clone());
+        Ok(plan)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<Vec<usize>>, Arc<Plan>>> {
+        // A poisoned lock only means another call panicked mid-insert; the map is still valid.
+        self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,244 @@
+//! Element types: one Rust type per `DType`, the IR's conversion rules, float math done in
+//! f32 (for f16/bf16/f32) or f64, and wrapping integer arithmetic.
+
+use ember_core::dtype::DType;
+use half::{bf16, f16};
+
+/// A bool element as stored in memory (one byte; any non-zero byte reads as true).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct B8(pub u8);
+
+impl B8 {
+    #[inline]
+    pub fn get(self) -> bool {
+        self.0 != 0
+    }
+    #[inline]
+    pub fn new(b: bool) -> B8 {
+        B8(b as u8)
+    }
+}
+
+/// A storable element. Every bit pattern is a valid value (buffers start zeroed).
+pub trait Elem:
+    Copy + Send + Sync + Default + PartialEq + PartialOrd + std::fmt::Debug + 'static
+{
+    const DTYPE: DType;
+    const IS_FLOAT: bool;
+    fn to_f64(self) -> f64;
+    fn to_i64(self) -> i64;
+    /// Float → this type: integers truncate toward zero (and wrap), bool is `v != 0`.
+    fn from_f64(v: f64) -> Self;
+    /// Integer → this type: integers wrap, floats round to nearest, bool is `v != 0`.
+    fn from_i64(v: i64) -> Self;
+
+    /// The IR's `Cast` from another element type.
+    #[inline]
+    fn cast_from<S: Elem>(s: S) -> Self {
+        if S::IS_FLOAT || Self::IS_FLOAT {
+            Self::from_f64(s.to_f64())
+        } else {
+            Self::from_i64(s.to_i64())
+        }
+    }
+}
+
+impl Elem for B8 {
+    const DTYPE: DType = DType::Bool;
+    const IS_FLOAT: bool = false;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self.get() as u8 as f64
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self.get() as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        B8::new(v != 0.0)
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        B8::new(v != 0)
+    }
+}
+
+macro_rules! int_elem {
+    ($t:ty, $d:ident) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$d;
+            const IS_FLOAT: bool = false;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                v as i64 as $t
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+int_elem!(u8, U8);
+int_elem!(i8, I8);
+int_elem!(i16, I16);
+int_elem!(i32, I32);
+int_elem!(i64, I64);
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    const IS_FLOAT: bool = true;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+}
+
+impl Elem for f64 {
+    const DTYPE: DType = DType::F64;
+    const IS_FLOAT: bool = true;
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline]
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+}
+
+macro_rules! half_elem {
+    ($t:ty, $d:ident) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$d;
+            const IS_FLOAT: bool = true;
+            #[inline]
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            #[inline]
+            fn to_i64(self) -> i64 {
+                <$t>::to_f64(self) as i64
+            }
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                // Through f32, as torch converts doubles to half types.
+                <$t>::from_f32(v as f32)
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+        }
+    };
+}
+half_elem!(f16, F16);
+half_elem!(bf16, BF16);
+
+mod math;
+
+pub use math::{FloatElem, IntElem, Real};
+
+/// Runs `$body` with `$T` bound to the element type of `$dt`.
+#[macro_export]
+macro_rules! with_dtype {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            ember_core::dtype::DType::Bool => {
+                type $T = $crate::elem::B8;
+                $body
+            }
+            ember_core::dtype::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            ember_core::dtype::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            ember_core::dtype::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            ember_core::dtype::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            ember_core::dtype::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            ember_core::dtype::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            ember_core::dtype::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            ember_core::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            ember_core::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$T` an unsigned integer type of `$dt`'s size (for moving bits).
+#[macro_export]
+macro_rules! with_size {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt.size() {
+            1 => {
+                type $T = u8;
+                $body
+            }
+            2 => {
+                type $T = u16;
+                $body
+            }
+            4 => {
+                type $T = u32;
+                $body
+            }
+            _ => {
+                type $T = u64;
+                $body
+            }
+        }
+    };
+}

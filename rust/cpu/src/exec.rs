@@ -1,0 +1,233 @@
+//! Running a program: caller inputs become values (read in place), nodes run in order with
+//! per-call buffers freed after their last use, and outputs are written into the caller's
+//! contiguous buffers.
+
+use std::sync::Arc;
+
+use ember_core::dtype::DType;
+use ember_core::ir::{Node, Op};
+use ember_core::tensor::{TensorOut, TensorView};
+use ember_core::{Error, Result};
+
+use crate::buffer::{is_aligned, Layout, Storage, Val};
+use crate::compile::{Plan, Program};
+use crate::error::{CpuError, KResult};
+use crate::kernels::{attention, dot, elementwise as ew, index, movement as mv, norm, reduce};
+use crate::strided::map1;
+
+/// A caller's input as a value. The view's memory is trusted (the `run` contract); its
+/// layout is what every later bounds check measures against.
+///
+/// # Safety
+/// `v` must be valid for reads over its shape and strides for the whole call.
+pub unsafe fn input_val(v: &TensorView, dtype: DType, k: usize) -> Result<Val> {
+    if v.dtype != dtype || v.strides.len() != v.shape.len() {
+        return Err(Error::Input(format!(
+            "input {k} is {}{:?} with {} strides, the program expects {dtype}",
+            v.dtype,
+            v.shape,
+            v.strides.len()
+        )));
+    }
+    let mut layout = Layout {
+        shape: v.shape.clone(),
+        strides: v.strides.iter().map(|&s| s as isize).collect(),
+        offset: 0,
+    };
+    let size = dtype.size();
+    let storage = match layout.extent() {
+        None => Storage::zeroed(0),
+        Some((lo, hi)) if lo < 0 => {
+            return Err(Error::Input(format!(
+                "input {k} has strides reaching below its start ({lo}..={hi})"
+            )))
+        }
+        Some((_, hi)) => {
+            let bytes = (hi as usize + 1) * size;
+            if is_aligned(v.ptr, size) {
+                Storage::External { ptr: v.ptr, bytes }
+            } else {
+                // SAFETY: the caller guarantees these bytes are readable (run's contract).
+                Storage::copy_of(unsafe { std::slice::from_raw_parts(v.ptr, bytes) })
+            }
+        }
+    };
+    if storage.bytes() == 0 {
+        layout.offset = 0;
+    }
+    Val::new(dtype, Arc::new(storage), layout).map_err(Error::from)
+}
+
+/// Writes `val` into the caller's contiguous output.
+///
+/// # Safety
+/// `out` must be valid for writes of its full size and not alias any input.
+pub unsafe fn write_output(val: &Val, out: &TensorOut, k: usize) -> Result<()> {
+    if out.dtype != val.dtype || out.shape != val.shape() {
+        return Err(Error::Input(format!(
+            "output {k} is {}{:?}, the program produces {}{:?}",
+            out.dtype,
+            out.shape,
+            val.dtype,
+            val.shape()
+        )));
+    }
+    let n = val.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let size = val.dtype.size();
+    if is_aligned(out.ptr, size) {
+        crate::with_size!(val.dtype, U => {
+            let v = val.view::<U>()?;
+            // SAFETY: the caller guarantees `n` writable, aligned (checked) elements.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr as *mut U, n) };
+            map1(&v, dst, |x| x);
+        });
+    } else {
+        let c = val.contiguous()?;
+        let src = c
+            .storage
+            .ptr()
+            .wrapping_add(c.layout.offset as usize * size);
+        // SAFETY: `c` is contiguous with `n` elements from its offset; `out` holds n·size bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.ptr, n * size) };
+    }
+    Ok(())
+}
+
+/// Runs every node; returns the values of the graph's outputs.
+pub fn execute(prog: &Program, plan: &Plan, inputs: Vec<Val>, threads: usize) -> Result<Vec<Val>> {
+    let g = &prog.graph;
+    let mut vals: Vec<Option<Val>> = vec![None; g.nodes.len()];
+    let mut inputs: Vec<Option<Val>> = inputs.into_iter().map(Some).collect();
+    for (id, node) in g.nodes.iter().enumerate() {
+        let val = match &node.op {
+            Op::Input { index } => inputs
+                .get_mut(*index)
+                .and_then(Option::take)
+                .ok_or_else(|| Error::Input(format!("input {index} is missing or used twice")))?,
+            _ => eval(prog, plan, id, node, &vals, threads)
+                .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
+        };
+        if val.shape() != plan.shapes[id].as_slice() || val.dtype != node.ty.dtype {
+            return Err(CpuError::Internal(format!(
+                "produced {}{:?}, expected {}{:?}",
+                val.dtype,
+                val.shape(),
+                node.ty.dtype,
+                plan.shapes[id]
+            ))
+            .at_node(&node.op.name(), &node.origin));
+        }
+        vals[id] = Some(val);
+        for &i in &node.inputs {
+            if prog.last_use[i] == id {
+                vals[i] = None;
+            }
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|&o| {
+            vals[o]
+                .clone()
+                .ok_or_else(|| Error::Runtime(format!("output %{o} was freed")))
+        })
+        .collect()
+}
+
+fn eval(
+    prog: &Program,
+    plan: &Plan,
+    id: usize,
+    node: &Node,
+    vals: &[Option<Val>],
+    threads: usize,
+) -> KResult<Val> {
+    let args: Vec<&Val> = node
+        .inputs
+        .iter()
+        .map(|&i| {
+            vals[i]
+                .as_ref()
+                .ok_or_else(|| CpuError::Internal(format!("value %{i} is gone")))
+        })
+        .collect::<KResult<_>>()?;
+    let arg = |i: usize| {
+        args.get(i)
+            .copied()
+            .ok_or_else(|| CpuError::Internal(format!("{} lacks operand {i}", node.op.name())))
+    };
+    let shape = plan.shapes[id].as_slice();
+    let bound = || {
+        prog.bound[id]
+            .clone()
+            .ok_or_else(|| CpuError::Internal("source was not bound".into()))
+    };
+    let dtype = node.ty.dtype;
+    match &node.op {
+        Op::Input { .. } => Err(CpuError::Internal(
+            "inputs are bound by the executor".into(),
+        )),
+        Op::Weight { .. } | Op::Constant(_) => bound(),
+        Op::Full { .. } => mv::full(&bound()?, shape),
+        Op::Iota { start, step } => {
+            mv::iota(dtype, *start, *step, shape.first().copied().unwrap_or(1))
+        }
+        Op::Unary(u) => ew::unary(*u, arg(0)?),
+        Op::Binary(b) => ew::binary(*b, arg(0)?, arg(1)?),
+        Op::Where => ew::where_(arg(0)?, arg(1)?, arg(2)?),
+        Op::Cast { to } => ew::cast(arg(0)?, *to),
+        Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, arg(0)?, shape),
+        Op::Dot => dot::dot(arg(0)?, arg(1)?, threads),
+        Op::Reshape { .. } => mv::reshape(arg(0)?, shape),
+        Op::Permute { perm } => mv::permute(arg(0)?, perm),
+        Op::Expand { .. } => mv::expand(arg(0)?, shape),
+        Op::Slice { axis, step, .. } => {
+            let (start, end) = plan.slices[id];
+            mv::slice(arg(0)?, *axis, start, end, *step)
+        }
+        Op::Flip { axes } => mv::flip(arg(0)?, axes),
+        Op::Pad { pads, value } => mv::pad(arg(0)?, pads, *value, shape),
+        Op::Concat { axis } => mv::concat(&args, *axis, shape),
+        Op::Gather { axis } => index::gather(arg(0)?, arg(1)?, *axis),
+        Op::IndexSelect { axis } => index::index_select(arg(0)?, arg(1)?, *axis, shape),
+        Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
+        Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
+        Op::LayerNorm {
+            axis,
+            eps,
+            has_weight,
+            has_bias,
+        } => {
+            let w = if *has_weight { Some(arg(1)?) } else { None };
+            let b = if *has_bias {
+                Some(arg(1 + *has_weight as usize)?)
+            } else {
+                None
+            };
+            norm::layer_norm(arg(0)?, *axis, *eps, w, b)
+        }
+        Op::RmsNorm {
+            axis,
+            eps,
+            has_weight,
+        } => {
+            let w = if *has_weight { Some(arg(1)?) } else { None };
+            norm::rms_norm(arg(0)?, *axis, *eps, w)
+        }
+        Op::Attention {
+            scale,
+            causal,
+            has_mask,
+        } => {
+            let mask = if *has_mask { Some(arg(3)?) } else { None };
+            let p = attention::Params {
+                scale: *scale,
+                causal: *causal,
+            };
+            attention::attention(arg(0)?, arg(1)?, arg(2)?, mask, &p, threads)
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Batched matrix products. f32/f64/f16 go to the `gemm` crate, which reads operands through
+//! any row/column strides (transposed or broadcast operands need no copy); bf16 is widened to
+//! f32; integers and bool use plain loops (integers wrap).
+
+use ember_core::dtype::DType;
+use half::f16;
+use rayon::prelude::*;
+
+use super::elementwise::cast;
+use crate::buffer::{Val, View};
+use crate::elem::{IntElem, B8};
+use crate::error::{CpuError, KResult};
+use crate::strided::batch_offsets;
+
+/// Products at least this large (m·n·k) let gemm use several threads.
+const GEMM_PAR_MIN: usize = 48 * 48 * 48;
+
+/// Types the gemm crate multiplies.
+pub trait GemmElem: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+}
+impl GemmElem for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+}
+impl GemmElem for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+}
+impl GemmElem for f16 {
+    const ZERO: Self = f16::ZERO;
+    const ONE: Self = f16::ONE;
+}
+
+/// A matrix operand: its first element and its row and column strides (in elements).
+#[derive(Clone, Copy)]
+pub struct Mat<T> {
+    pub ptr: *const T,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl<T> Mat<T> {
+    /// The matrix at `off` in `v` whose rows and columns are v's dims `r` and `r + 1`.
+    pub fn of(v: &View<T>, off: isize, r: usize) -> Mat<T> {
+        Mat {
+            ptr: v.ptr.wrapping_offset(off),
+            rs: v.strides[r],
+            cs: v.strides[r + 1],
+        }
+    }
+
+    pub fn transposed(self) -> Mat<T> {
+        Mat {
+            ptr: self.ptr,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+}
+
+/// `dst[m×n] (row stride dst_rs, unit column stride) = a[m×k] · b[k×n]`.
+///
+/// # Safety
+/// `a` and `b` must address `m×k` and `k×n` readable elements (callers derive them from the
+/// shapes and strides of checked values that stay alive for the call).
+pub unsafe fn gemm_into<T: GemmElem>(
+    dst: &mut [T],
+    dst_rs: usize,
+    (m, n, k): (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        dst.len() >= (m - 1) * dst_rs + n,
+        "gemm destination too small"
+    );
+    if k == 0 {
+        dst.iter_mut().for_each(|d| *d = T::ZERO);
+        return;
+    }
+    let par = if m * n * k >= GEMM_PAR_MIN && threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the destination is large enough (checked above); the operands by the contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            false,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Checks `[B.., M, K] × [B.., K, N]` and returns (batch dims, M, K, N).
+fn dims(a: &Val, b: &Val) -> KResult<(Vec<usize>, usize, usize, usize)> {
+    let (sa, sb) = (a.shape(), b.shape());
+    let r = sa.len();
+    if r < 2 || sb.len() != r || sa[..r - 2] != sb[..r - 2] || sa[r - 1] != sb[r - 2] {
+        return Err(CpuError::Shape(format!("dot of {sa:?} and {sb:?}")));
+    }
+    Ok((sa[..r - 2].to_vec(), sa[r - 2], sa[r - 1], sb[r - 1]))
+}
+
+pub fn dot(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
+    if a.dtype != b.dtype {
+        return Err(CpuError::Shape(format!(
+            "dot of {} and {}",
+            a.dtype, b.dtype
+        )));
+    }
+    match a.dtype {
+        DType::F32 => dot_gemm::<f32>(a, b, threads),
+        DType::F64 => dot_gemm::<f64>(a, b, threads),
+        DType::F16 => dot_gemm::<f16>(a, b, threads),
+        DType::BF16 => {
+            let out = dot_gemm::<f32>(&cast(a, DType::F32)?, &cast(b, DType::F32)?, threads)?;
+            cast(&out, DType::BF16)
+        }
+        DType::U8 => dot_int::<u8>(a, b),
+        DType::I8 => dot_int::<i8>(a, b),
+        DType::I16 => dot_int::<i16>(a, b),
+        DType::I32 => dot_int::<i32>(a, b),
+        DType::I64 => dot_int::<i64>(a, b),
+        DType::Bool => dot_bool(a, b),
+    }
+}
+
+fn dot_gemm<T: GemmElem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
+    let (batch, m, k, n) = dims(a, b)?;
+    let r = batch.len();
+    let (va, vb) = (a.view::<T>()?, b.view::<T>()?);
+    let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    Val::build::<T>(a.dtype, &shape, |out| {
+        if m * n == 0 {
+            return Ok(());
+        }
+        let one = |o: &mut [T], &[oa, ob]: &[isize; 2], t: usize| {
+            let (ma, mb) = (Mat::of(&va, oa, r), Mat::of(&vb, ob, r));
+            // SAFETY: the matrices are batch slices of the checked views va and vb.
+            unsafe { gemm_into(o, n, (m, n, k), ma, mb, t) }
+        };
+        if offs.len() > 1 && m * n * k < GEMM_PAR_MIN * 4 {
+            out.par_chunks_mut(m * n)
+                .zip(offs.par_iter())
+                .for_each(|(o, off)| one(o, off, 1));
+        } else {
+            for (o, off) in out.chunks_mut(m * n).zip(&offs) {
+                one(o, off, threads);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn dot_int<T: IntElem>(a: &Val, b: &Val) -> KResult<Val> {
+    dot_loops::<T, T>(a, b, T::ZERO, |acc, x, y| acc.wadd(x.wmul(y)), |x| x)
+}
+
+fn dot_bool(a: &Val, b: &Val) -> KResult<Val> {
+    dot_loops::<B8, bool>(a, b, false, |acc, x, y| acc | (x.get() & y.get()), B8::new)
+}
+
+fn dot_loops<T: Copy + Send + Sync + Default, A: Copy + Send + Sync>(
+    a: &Val,
+    b: &Val,
+    zero: A,
+    step: impl Fn(A, T, T) -> A + Sync,
+    finish: impl Fn(A) -> T + Sync,
+) -> KResult<Val> {
+    let (batch, m, k, n) = dims(a, b)?;
+    let r = batch.len();
+    let (va, vb) = (a.view::<T>()?, b.view::<T>()?);
+    let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
+    let (ars, acs, brs, bcs) = (
+        va.strides[r],
+        va.strides[r + 1],
+        vb.strides[r],
+        vb.strides[r + 1],
+    );
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    Val::build::<T>(a.dtype, &shape, |out| {
+        if m * n == 0 {
+            return Ok(());
+        }
+        out.par_chunks_mut(n).enumerate().for_each(|(row, o)| {
+            let (bi, i) = (row / m, row % m);
+            let [oa, ob] = offs[bi];
+            let mut acc = vec![zero; n];
+            for kk in 0..k as isize {
+                let x = va.at(oa + i as isize * ars + kk * acs);
+                for (j, s) in acc.iter_mut().enumerate() {
+                    *s = step(*s, x, vb.at(ob + kk * brs + j as isize * bcs));
+                }
+            }
+            for (d, s) in o.iter_mut().zip(acc) {
+                *d = finish(s);
+            }
+        });
+        Ok(())
+    })
+}

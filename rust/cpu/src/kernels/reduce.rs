@@ -1,0 +1,255 @@
+//! Reductions over any set of axes (sum, prod, max, min, argmax, argmin) and cumsum. Float
+//! sums and products accumulate in f64; integers wrap; bool sum/max is "any", prod/min "all".
+
+use ember_core::dtype::DType;
+use ember_core::ir::ReduceOp;
+use rayon::prelude::*;
+
+use super::{axis_last_perm, for_rows, unpermute};
+use crate::buffer::{Val, View};
+use crate::elem::{Elem, IntElem, B8};
+use crate::error::{CpuError, KResult};
+use crate::strided::{batch_offsets, coalesce, for_runs, PAR_MIN};
+
+pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KResult<Val> {
+    let rank = x.shape().len();
+    if axes.iter().any(|&a| a >= rank) {
+        return Err(CpuError::Shape(format!(
+            "reduce axes {axes:?} for rank {rank}"
+        )));
+    }
+    let mut perm: Vec<usize> = (0..rank).filter(|d| !axes.contains(d)).collect();
+    let keep = perm.len();
+    perm.extend_from_slice(axes);
+    let n_red: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let n_out: usize = perm[..keep].iter().map(|&d| x.shape()[d]).product();
+    if n_red == 0 && n_out > 0 && !matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
+        return Err(CpuError::Shape(format!(
+            "{} over an empty dim (shape {:?}, axes {axes:?})",
+            op.name(),
+            x.shape()
+        )));
+    }
+    if op.is_arg() {
+        return crate::with_dtype!(x.dtype, T => {
+            let v = x.view::<T>()?.permuted(&perm);
+            Val::build::<i64>(DType::I64, out_shape, |o| {
+                if T::IS_FLOAT {
+                    arg::<T, f64>(&v, keep, o, op == ReduceOp::ArgMax, T::to_f64, f64::is_nan);
+                } else {
+                    arg::<T, i64>(&v, keep, o, op == ReduceOp::ArgMax, T::to_i64, |_| false);
+                }
+                Ok(())
+            })
+        });
+    }
+    macro_rules! float {
+        ($T:ty) => {{
+            let v = x.view::<$T>()?.permuted(&perm);
+            Val::build::<$T>(x.dtype, out_shape, |o| {
+                let nan_max = |a: f64, b: f64| {
+                    if a.is_nan() || b.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(b)
+                    }
+                };
+                let nan_min = |a: f64, b: f64| {
+                    if a.is_nan() || b.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.min(b)
+                    }
+                };
+                let fin = <$T as Elem>::from_f64;
+                match op {
+                    ReduceOp::Sum => fold(&v, keep, o, 0.0, |a, x: $T| a + x.to_f64(), fin),
+                    ReduceOp::Prod => fold(&v, keep, o, 1.0, |a, x: $T| a * x.to_f64(), fin),
+                    ReduceOp::Max => fold(
+                        &v,
+                        keep,
+                        o,
+                        f64::NEG_INFINITY,
+                        |a, x: $T| nan_max(a, x.to_f64()),
+                        fin,
+                    ),
+                    _ => fold(
+                        &v,
+                        keep,
+                        o,
+                        f64::INFINITY,
+                        |a, x: $T| nan_min(a, x.to_f64()),
+                        fin,
+                    ),
+                }
+                Ok(())
+            })
+        }};
+    }
+    match x.dtype {
+        DType::F16 => float!(half::f16),
+        DType::BF16 => float!(half::bf16),
+        DType::F32 => float!(f32),
+        DType::F64 => float!(f64),
+        DType::U8 => int::<u8>(op, x, &perm, keep, out_shape),
+        DType::I8 => int::<i8>(op, x, &perm, keep, out_shape),
+        DType::I16 => int::<i16>(op, x, &perm, keep, out_shape),
+        DType::I32 => int::<i32>(op, x, &perm, keep, out_shape),
+        DType::I64 => int::<i64>(op, x, &perm, keep, out_shape),
+        DType::Bool => {
+            let v = x.view::<B8>()?.permuted(&perm);
+            Val::build::<B8>(DType::Bool, out_shape, |o| {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Max => {
+                        fold(&v, keep, o, false, |a, x: B8| a | x.get(), B8::new)
+                    }
+                    _ => fold(&v, keep, o, true, |a, x: B8| a & x.get(), B8::new),
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+fn int<T: IntElem>(
+    op: ReduceOp,
+    x: &Val,
+    perm: &[usize],
+    keep: usize,
+    out_shape: &[usize],
+) -> KResult<Val> {
+    let v = x.view::<T>()?.permuted(perm);
+    Val::build::<T>(T::DTYPE, out_shape, |o| {
+        let id = |a: T| a;
+        match op {
+            ReduceOp::Sum => fold(&v, keep, o, T::ZERO, |a: T, x: T| a.wadd(x), id),
+            ReduceOp::Prod => fold(&v, keep, o, T::ONE, |a: T, x: T| a.wmul(x), id),
+            ReduceOp::Max => fold(&v, keep, o, T::MIN, |a: T, x: T| a.max(x), id),
+            _ => fold(&v, keep, o, T::MAX, |a: T, x: T| a.min(x), id),
+        }
+        Ok(())
+    })
+}
+
+/// Folds the trailing dims of `v` (from `keep` on) into each output element.
+fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
+    v: &View<T>,
+    keep: usize,
+    out: &mut [R],
+    init: A,
+    step: impl Fn(A, T) -> A + Sync,
+    finish: impl Fn(A) -> R + Sync,
+) {
+    let bases = batch_offsets(&v.shape[..keep], [&v.strides[..keep]]);
+    let (rshape, rst) = coalesce(&v.shape[keep..], [&v.strides[keep..]]);
+    let n_red: usize = rshape.iter().product();
+    let inner = rst[0].last().copied().unwrap_or(1);
+    let one = |base: isize| {
+        let mut acc = init;
+        for_runs(&rshape, &rst, 0, n_red, |_, [off], len| {
+            if inner == 1 {
+                for &x in v.run(base + off, len) {
+                    acc = step(acc, x);
+                }
+            } else {
+                for j in 0..len as isize {
+                    acc = step(acc, v.at(base + off + j * inner));
+                }
+            }
+        });
+        finish(acc)
+    };
+    if out.len().saturating_mul(n_red.max(1)) >= PAR_MIN {
+        out.par_iter_mut()
+            .zip(bases.par_iter())
+            .for_each(|(o, b)| *o = one(b[0]));
+    } else {
+        for (o, b) in out.iter_mut().zip(&bases) {
+            *o = one(b[0]);
+        }
+    }
+}
+
+/// Index of the first extreme value along the last dim (a NaN counts as the extreme).
+fn arg<T: Copy + Send + Sync, K: Copy + PartialOrd>(
+    v: &View<T>,
+    keep: usize,
+    out: &mut [i64],
+    max: bool,
+    key: fn(T) -> K,
+    is_nan: fn(K) -> bool,
+) {
+    let better = |x: K, best: K| {
+        if is_nan(best) {
+            false
+        } else if is_nan(x) {
+            true
+        } else if max {
+            x > best
+        } else {
+            x < best
+        }
+    };
+    debug_assert_eq!(v.shape.len(), keep + 1);
+    for_rows(v, out, |row, o| {
+        let mut best = 0usize;
+        for (j, &x) in row.iter().enumerate().skip(1) {
+            if better(key(x), key(row[best])) {
+                best = j;
+            }
+        }
+        o[0] = best as i64;
+    });
+}
+
+pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
+    let rank = x.shape().len();
+    if rank == 0 {
+        return Ok(x.clone());
+    }
+    let perm = axis_last_perm(rank, axis);
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    macro_rules! go {
+        ($T:ty, $init:expr, $step:expr, $fin:expr) => {{
+            let v = x.view::<$T>()?.permuted(&perm);
+            let out = Val::build::<$T>(x.dtype, &shape, |o| {
+                for_rows(&v, o, |row, out_row| {
+                    let mut acc = $init;
+                    for (d, &s) in out_row.iter_mut().zip(row) {
+                        acc = $step(acc, s);
+                        *d = $fin(acc);
+                    }
+                });
+                Ok(())
+            })?;
+            unpermute(out, &perm)
+        }};
+    }
+    macro_rules! float {
+        ($T:ty) => {
+            go!(
+                $T,
+                0.0f64,
+                |a: f64, s: $T| a + s.to_f64(),
+                <$T as Elem>::from_f64
+            )
+        };
+    }
+    macro_rules! int {
+        ($T:ty) => {
+            go!($T, 0 as $T, |a: $T, s: $T| a.wrapping_add(s), |a: $T| a)
+        };
+    }
+    match x.dtype {
+        DType::F16 => float!(half::f16),
+        DType::BF16 => float!(half::bf16),
+        DType::F32 => float!(f32),
+        DType::F64 => float!(f64),
+        DType::U8 => int!(u8),
+        DType::I8 => int!(i8),
+        DType::I16 => int!(i16),
+        DType::I32 => int!(i32),
+        DType::I64 => int!(i64),
+        DType::Bool => go!(B8, false, |a: bool, s: B8| a | s.get(), B8::new),
+    }
+}

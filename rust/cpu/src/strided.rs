@@ -1,0 +1,242 @@
+//! Walking strided operands in row-major order: dims are merged where every operand allows
+//! it, the innermost dim is visited as runs (unit-stride runs become slices the compiler can
+//! vectorize), and large outputs are split into chunks that rayon runs in parallel.
+
+use rayon::prelude::*;
+
+use crate::buffer::View;
+
+/// Outputs at least this large are computed in parallel chunks.
+pub const PAR_MIN: usize = 1 << 15;
+
+/// Merges adjacent dims whose strides are compatible for every operand; drops size-1 dims.
+pub fn coalesce<const N: usize>(
+    shape: &[usize],
+    strides: [&[isize]; N],
+) -> (Vec<usize>, [Vec<isize>; N]) {
+    let mut out_shape: Vec<usize> = Vec::new();
+    let mut out_strides: [Vec<isize>; N] = std::array::from_fn(|_| Vec::new());
+    for (d, &size) in shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let mergeable = out_shape.last().is_some()
+            && (0..N).all(|k| *out_strides[k].last().unwrap() == strides[k][d] * size as isize);
+        if mergeable {
+            *out_shape.last_mut().unwrap() *= size;
+            for k in 0..N {
+                *out_strides[k].last_mut().unwrap() = strides[k][d];
+            }
+        } else {
+            out_shape.push(size);
+            for k in 0..N {
+                out_strides[k].push(strides[k][d]);
+            }
+        }
+    }
+    (out_shape, out_strides)
+}
+
+/// Calls `f(linear_index, offsets, run_len)` for every run along the innermost dim covering
+/// row-major linear indices `start..end`. Offsets are in elements, one per operand.
+pub fn for_runs<const N: usize>(
+    shape: &[usize],
+    strides: &[Vec<isize>; N],
+    start: usize,
+    end: usize,
+    mut f: impl FnMut(usize, [isize; N], usize),
+) {
+    if start >= end {
+        return;
+    }
+    let r = shape.len();
+    if r == 0 {
+        f(0, [0; N], 1);
+        return;
+    }
+    let mut idx = vec![0usize; r];
+    let mut rem = start;
+    for d in (0..r).rev() {
+        idx[d] = rem % shape[d];
+        rem /= shape[d];
+    }
+    let mut offs = [0isize; N];
+    for (k, o) in offs.iter_mut().enumerate() {
+        *o = (0..r).map(|d| idx[d] as isize * strides[k][d]).sum();
+    }
+    let inner = shape[r - 1];
+    let mut lin = start;
+    while lin < end {
+        let len = (inner - idx[r - 1]).min(end - lin);
+        f(lin, offs, len);
+        lin += len;
+        idx[r - 1] += len;
+        for (k, o) in offs.iter_mut().enumerate() {
+            *o += len as isize * strides[k][r - 1];
+        }
+        if idx[r - 1] < inner {
+            continue;
+        }
+        for (k, o) in offs.iter_mut().enumerate() {
+            *o -= inner as isize * strides[k][r - 1];
+        }
+        idx[r - 1] = 0;
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            for (k, o) in offs.iter_mut().enumerate() {
+                *o += strides[k][d];
+            }
+            if idx[d] < shape[d] {
+                break;
+            }
+            for (k, o) in offs.iter_mut().enumerate() {
+                *o -= shape[d] as isize * strides[k][d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Runs `body(start, chunk)` over chunks of `out`, in parallel when `out` is large.
+fn chunked<B: Send>(out: &mut [B], body: impl Fn(usize, &mut [B]) + Sync) {
+    let n = out.len();
+    if n < PAR_MIN {
+        body(0, out);
+        return;
+    }
+    let chunk = (n / (rayon::current_num_threads() * 4)).max(PAR_MIN / 4);
+    out.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(i, o)| body(i * chunk, o));
+}
+
+/// `out[i] = f(x[i])` over x's shape in row-major order (out is contiguous).
+pub fn map1<A: Copy, B: Copy + Send>(x: &View<A>, out: &mut [B], f: impl Fn(A) -> B + Sync) {
+    let (shape, st) = coalesce(&x.shape, [&x.strides]);
+    chunked(out, |start, o| {
+        for_runs(&shape, &st, start, start + o.len(), |lin, [ox], len| {
+            let dst = &mut o[lin - start..lin - start + len];
+            let s = st[0].last().copied().unwrap_or(1);
+            if s == 1 {
+                for (d, &a) in dst.iter_mut().zip(x.run(ox, len)) {
+                    *d = f(a);
+                }
+            } else {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = f(x.at(ox + i as isize * s));
+                }
+            }
+        })
+    });
+}
+
+/// `out[i] = f(x[i], y[i])`; x and y have out's shape.
+pub fn map2<A: Copy, B: Copy, C: Copy + Send>(
+    x: &View<A>,
+    y: &View<B>,
+    out: &mut [C],
+    f: impl Fn(A, B) -> C + Sync,
+) {
+    let (shape, st) = coalesce(&x.shape, [&x.strides, &y.strides]);
+    chunked(out, |start, o| {
+        for_runs(&shape, &st, start, start + o.len(), |lin, [ox, oy], len| {
+            let dst = &mut o[lin - start..lin - start + len];
+            let sx = st[0].last().copied().unwrap_or(1);
+            let sy = st[1].last().copied().unwrap_or(1);
+            if sx == 1 && sy == 1 {
+                for ((d, &a), &b) in dst.iter_mut().zip(x.run(ox, len)).zip(y.run(oy, len)) {
+                    *d = f(a, b);
+                }
+            } else if sx == 1 && sy == 0 {
+                let b = y.at(oy);
+                for (d, &a) in dst.iter_mut().zip(x.run(ox, len)) {
+                    *d = f(a, b);
+                }
+            } else if sx == 0 && sy == 1 {
+                let a = x.at(ox);
+                for (d, &b) in dst.iter_mut().zip(y.run(oy, len)) {
+                    *d = f(a, b);
+                }
+            } else {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    let i = i as isize;
+                    *d = f(x.at(ox + i * sx), y.at(oy + i * sy));
+                }
+            }
+        })
+    });
+}
+
+/// `out[i] = f(x[i], y[i], z[i])`; all have out's shape.
+pub fn map3<A: Copy, B: Copy, C: Copy, D: Copy + Send>(
+    x: &View<A>,
+    y: &View<B>,
+    z: &View<C>,
+    out: &mut [D],
+    f: impl Fn(A, B, C) -> D + Sync,
+) {
+    let (shape, st) = coalesce(&x.shape, [&x.strides, &y.strides, &z.strides]);
+    chunked(out, |start, o| {
+        for_runs(
+            &shape,
+            &st,
+            start,
+            start + o.len(),
+            |lin, [ox, oy, oz], len| {
+                let dst = &mut o[lin - start..lin - start + len];
+                let sx = st[0].last().copied().unwrap_or(1);
+                let sy = st[1].last().copied().unwrap_or(1);
+                let sz = st[2].last().copied().unwrap_or(1);
+                for (i, d) in dst.iter_mut().enumerate() {
+                    let i = i as isize;
+                    *d = f(x.at(ox + i * sx), y.at(oy + i * sy), z.at(oz + i * sz));
+                }
+            },
+        )
+    });
+}
+
+/// Visits x's elements in row-major order.
+pub fn for_each<A: Copy>(x: &View<A>, mut f: impl FnMut(A)) {
+    let (shape, st) = coalesce(&x.shape, [&x.strides]);
+    let n = x.numel();
+    for_runs(&shape, &st, 0, n, |_, [ox], len| {
+        let s = st[0].last().copied().unwrap_or(1);
+        for i in 0..len {
+            f(x.at(ox + i as isize * s));
+        }
+    });
+}
+
+/// Copies `src` into the region of `dst` that starts at `dst_offset` and has src's shape with
+/// `dst_strides`. The region must lie inside `dst` (checked).
+pub fn copy_into<T: Copy>(src: &View<T>, dst: &mut [T], dst_offset: usize, dst_strides: &[isize]) {
+    let n = src.numel();
+    if n == 0 {
+        return;
+    }
+    let (shape, st) = coalesce(&src.shape, [&src.strides, dst_strides]);
+    for_runs(&shape, &st, 0, n, |_, [os, od], len| {
+        let ss = st[0].last().copied().unwrap_or(1);
+        let sd = st[1].last().copied().unwrap_or(1);
+        for i in 0..len as isize {
+            let j = (dst_offset as isize + od + i * sd) as usize;
+            dst[j] = src.at(os + i * ss);
+        }
+    });
+}
+
+/// Offsets of every index of the leading `shape` dims, for each operand's strides.
+pub fn batch_offsets<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Vec<[isize; N]> {
+    let n: usize = shape.iter().product();
+    let st: [Vec<isize>; N] = std::array::from_fn(|k| strides[k][..shape.len()].to_vec());
+    let mut out = Vec::with_capacity(n);
+    for_runs(shape, &st, 0, n, |_, offs, len| {
+        for i in 0..len as isize {
+            out.push(std::array::from_fn(|k| {
+                offs[k] + i * st[k].last().copied().unwrap_or(0)
+            }));
+        }
+    });
+    out
+}
