@@ -31,16 +31,10 @@ pub enum DimOp {
 pub type SymbolBindings = BTreeMap<Arc<str>, i64>;
 
 /// The known range of a symbol (inclusive); sizes are never negative.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SymbolRange {
     pub min: i64,
     pub max: Option<i64>,
-}
-
-impl Default for SymbolRange {
-    fn default() -> Self {
-        SymbolRange { min: 0, max: None }
-    }
 }
 
 impl From<i64> for Dim {
@@ -245,14 +239,24 @@ mod tests {
     fn constants_fold() {
         let d = Dim::Const(6) * Dim::Const(7);
         assert_eq!(d, Dim::Const(42));
-        assert_eq!(Dim::binary(DimOp::FloorDiv, Dim::Const(-7), Dim::Const(2)), Dim::Const(-4));
-        assert_eq!(Dim::binary(DimOp::Mod, Dim::Const(-7), Dim::Const(2)), Dim::Const(1));
+        assert_eq!(
+            Dim::binary(DimOp::FloorDiv, Dim::Const(-7), Dim::Const(2)),
+            Dim::Const(-4)
+        );
+        assert_eq!(
+            Dim::binary(DimOp::Mod, Dim::Const(-7), Dim::Const(2)),
+            Dim::Const(1)
+        );
     }
 
     #[test]
     fn symbolic_eval() {
         let s = Dim::sym("s0");
-        let d = Dim::binary(DimOp::FloorDiv, &(&s * &Dim::Const(3)) + &Dim::Const(1), Dim::Const(2));
+        let d = Dim::binary(
+            DimOp::FloorDiv,
+            &(&s * &Dim::Const(3)) + &Dim::Const(1),
+            Dim::Const(2),
+        );
         let mut env = SymbolBindings::new();
         env.insert(Arc::from("s0"), 5);
         assert_eq!(d.eval(&env).unwrap(), 8);

@@ -150,23 +150,39 @@ impl Scalar {
     }
 }
 
-/// torch's `result_type` for an op over tensors and Python scalars: scalars only raise the
-/// result to their kind's default dtype when they are of a higher kind than every tensor.
-pub fn result_type(tensors: &[DType], scalars: &[Scalar]) -> DType {
-    let mut out = match tensors.split_first() {
-        Some((first, rest)) => rest.iter().fold(*first, |acc, &d| DType::promote(acc, d)),
-        None => {
-            // Only scalars: the default dtype of the highest kind.
-            let kind = scalars.iter().map(|s| s.kind()).max().unwrap_or(Kind::Float);
-            return default_dtype(kind);
-        }
-    };
-    if let Some(kind) = scalars.iter().map(|s| s.kind()).max() {
-        if kind > out.kind() {
-            out = default_dtype(kind);
+/// torch's `result_type`. Operands come in three priorities: tensors with dims, 0-d tensors,
+/// and Python scalars. A lower-priority operand changes the result only when it is of a
+/// higher kind (a float scalar makes an int tensor float, but never widens f16 to f32).
+pub fn result_type_full(dims: &[DType], zero_dim: &[DType], scalars: &[Scalar]) -> DType {
+    let fold = |ds: &[DType]| ds.iter().copied().reduce(DType::promote);
+    let wrapped = scalars
+        .iter()
+        .map(|s| default_dtype(s.kind()))
+        .reduce(DType::promote);
+    let lower = combine_categories(fold(zero_dim), wrapped);
+    combine_categories(fold(dims), lower).unwrap_or(DType::F32)
+}
+
+/// torch's `combine_categories`: keep `higher` unless `lower` is of a higher kind.
+fn combine_categories(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
+    match (higher, lower) {
+        (None, l) => l,
+        (h, None) => h,
+        (Some(h), Some(l)) => {
+            if h.is_float() {
+                Some(h)
+            } else if h == DType::Bool || l.is_float() {
+                Some(DType::promote(h, l))
+            } else {
+                Some(h)
+            }
         }
     }
-    out
+}
+
+/// Result type of an op over dimensioned tensors and Python scalars.
+pub fn result_type(tensors: &[DType], scalars: &[Scalar]) -> DType {
+    result_type_full(tensors, &[], scalars)
 }
 
 fn default_dtype(kind: Kind) -> DType {
@@ -200,5 +216,9 @@ mod tests {
         assert_eq!(result_type(&[I32], &[Scalar::Float(0.5)]), F32);
         assert_eq!(result_type(&[Bool], &[Scalar::Int(1)]), I64);
         assert_eq!(result_type(&[], &[Scalar::Int(1)]), I64);
+        // A 0-d float64 tensor does not widen a float32 tensor, but makes an int tensor f64.
+        assert_eq!(result_type_full(&[F32], &[F64], &[]), F32);
+        assert_eq!(result_type_full(&[I32], &[F64], &[]), F64);
+        assert_eq!(result_type_full(&[Bool], &[], &[Scalar::Bool(true)]), Bool);
     }
 }

@@ -98,29 +98,44 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
     for (id, node) in graph.nodes.iter().enumerate() {
         let ins: Vec<&Vec<usize>> = node.inputs.iter().map(|&i| &shapes[i]).collect();
         let out = &shapes[id];
-        let ok = match &node.op {
-            Op::Binary(_) => ins[0] == ins[1] && ins[0] == out,
-            Op::Where => ins[0] == ins[1] && ins[1] == ins[2],
-            Op::Reshape { .. } => {
-                ins[0].iter().product::<usize>() == out.iter().product::<usize>()
-            }
-            Op::Expand { .. } => ins[0]
-                .iter()
-                .zip(out)
-                .all(|(&a, &b)| a == b || a == 1),
-            Op::Dot => {
-                let r = out.len();
-                ins[0][..r - 2] == ins[1][..r - 2] && ins[0][r - 1] == ins[1][r - 2]
-            }
-            Op::Slice {
-                axis, start, end, ..
-            } => {
-                let n = ins[0][*axis] as i64;
-                let (s, e) = (start.eval(env)?, end.eval(env)?);
-                0 <= s && s <= e && e <= n
-            }
+        // A malformed (unverified) graph must give an error here, never an index panic.
+        let arity_ok = match &node.op {
+            Op::Binary(_) | Op::Dot => ins.len() == 2,
+            Op::Where => ins.len() == 3,
+            Op::Reshape { .. } | Op::Expand { .. } | Op::Slice { .. } => ins.len() == 1,
             _ => true,
         };
+        let ok = arity_ok
+            && match &node.op {
+                Op::Binary(_) => ins[0] == ins[1] && ins[0] == out,
+                Op::Where => ins[0] == ins[1] && ins[1] == ins[2],
+                Op::Reshape { .. } => {
+                    ins[0].iter().product::<usize>() == out.iter().product::<usize>()
+                }
+                Op::Expand { .. } => ins[0].iter().zip(out).all(|(&a, &b)| a == b || a == 1),
+                Op::Dot => {
+                    let r = out.len();
+                    r >= 2
+                        && ins[0].len() == r
+                        && ins[1].len() == r
+                        && ins[0][..r - 2] == ins[1][..r - 2]
+                        && ins[0][r - 1] == ins[1][r - 2]
+                }
+                Op::Slice {
+                    axis, start, end, ..
+                } => {
+                    let Some(&n) = ins[0].get(*axis) else {
+                        return Err(Error::Shape(format!(
+                            "slice axis {axis} at '{}'",
+                            node.origin
+                        )));
+                    };
+                    let n = n as i64;
+                    let (s, e) = (start.eval(env)?, end.eval(env)?);
+                    0 <= s && s <= e && e <= n
+                }
+                _ => true,
+            };
         if !ok {
             let shown: Vec<String> = ins.iter().map(|s| format!("{s:?}")).collect();
             return Err(Error::Shape(format!(

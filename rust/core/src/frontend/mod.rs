@@ -1,1 +1,5 @@
+//! Frontends turn a source program (a torch `.pt2` archive; ONNX later) into an IR graph.
+//! `builder` holds what every frontend needs: broadcasting, type promotion, casts.
+
+pub mod builder;
 pub mod pt2;

@@ -39,14 +39,21 @@ fn same_shape(a: &[Dim], b: &[Dim], what: &str) -> Result<()> {
         ));
     }
     for (x, y) in a.iter().zip(b) {
-        same_dim(x, y, &format!("{what} {} vs {}", format_shape(a), format_shape(b)))?;
+        same_dim(
+            x,
+            y,
+            &format!("{what} {} vs {}", format_shape(a), format_shape(b)),
+        )?;
     }
     Ok(())
 }
 
 fn check_axis(axis: usize, rank: usize, op: &Op) -> Result<()> {
     if axis >= rank {
-        return shape_err(format!("{}: axis {axis} out of range for rank {rank}", op.name()));
+        return shape_err(format!(
+            "{}: axis {axis} out of range for rank {rank}",
+            op.name()
+        ));
     }
     Ok(())
 }
@@ -104,7 +111,11 @@ pub fn infer_type(
                     x.dtype
                 )));
             }
-            let dtype = if u.returns_bool() { DType::Bool } else { x.dtype };
+            let dtype = if u.returns_bool() {
+                DType::Bool
+            } else {
+                x.dtype
+            };
             TensorType::new(dtype, x.shape.clone())
         }
         Op::Binary(b) => {
@@ -123,9 +134,16 @@ pub fn infer_type(
                 return Err(Error::Compile("atan2 needs float inputs".into()));
             }
             if b.is_logical() && x.dtype.is_float() {
-                return Err(Error::Compile(format!("{} needs bool or integer inputs", b.name())));
+                return Err(Error::Compile(format!(
+                    "{} needs bool or integer inputs",
+                    b.name()
+                )));
             }
-            let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
+            let dtype = if b.is_comparison() {
+                DType::Bool
+            } else {
+                x.dtype
+            };
             TensorType::new(dtype, x.shape.clone())
         }
         Op::Where => {
@@ -145,17 +163,26 @@ pub fn infer_type(
             arity(op, inputs, 1)?;
             TensorType::new(*to, first.unwrap().shape.clone())
         }
-        Op::Reduce { op: r, axes, keepdim } => {
+        Op::Reduce {
+            op: r,
+            axes,
+            keepdim,
+        } => {
             arity(op, inputs, 1)?;
             let x = first.unwrap();
             if axes.windows(2).any(|w| w[0] >= w[1]) {
-                return Err(Error::Compile(format!("reduce axes must be sorted: {axes:?}")));
+                return Err(Error::Compile(format!(
+                    "reduce axes must be sorted: {axes:?}"
+                )));
             }
             for &a in axes {
                 check_axis(a, x.rank(), op)?;
             }
             if r.is_arg() && axes.len() != 1 {
-                return Err(Error::Compile(format!("{} takes exactly one axis", r.name())));
+                return Err(Error::Compile(format!(
+                    "{} takes exactly one axis",
+                    r.name()
+                )));
             }
             let mut shape = Vec::new();
             for (i, d) in x.shape.iter().enumerate() {
@@ -325,7 +352,10 @@ pub fn infer_type(
             let (x, idx) = (inputs[0], inputs[1]);
             check_axis(*axis, x.rank(), op)?;
             if !idx.dtype.is_int() {
-                return shape_err(format!("index must be an integer tensor, got {}", idx.dtype));
+                return shape_err(format!(
+                    "index must be an integer tensor, got {}",
+                    idx.dtype
+                ));
             }
             let mut shape = x.shape[..*axis].to_vec();
             shape.extend(idx.shape.iter().cloned());
@@ -364,7 +394,9 @@ pub fn infer_type(
                 return shape_err("attention needs float q, k, v of equal rank ≥ 2".into());
             }
             if k.dtype != q.dtype || v.dtype != q.dtype {
-                return Err(Error::Compile("attention q, k, v must share a dtype".into()));
+                return Err(Error::Compile(
+                    "attention q, k, v must share a dtype".into(),
+                ));
             }
             same_shape(&q.shape[..r - 2], &k.shape[..r - 2], "attention batch dims")?;
             same_shape(&k.shape[..r - 1], &v.shape[..r - 1], "attention k/v")?;
@@ -396,9 +428,17 @@ fn norm_type(op: &Op, inputs: &[&TensorType], axis: usize) -> Result<TensorType>
         return Err(Error::Compile(format!("{} needs a float input", op.name())));
     }
     for p in &inputs[1..] {
-        same_shape(&p.shape, &x.shape[axis..], &format!("{} parameter", op.name()))?;
+        same_shape(
+            &p.shape,
+            &x.shape[axis..],
+            &format!("{} parameter", op.name()),
+        )?;
         if p.dtype != x.dtype {
-            return Err(Error::Compile(format!("{} parameter dtype {}", op.name(), p.dtype)));
+            return Err(Error::Compile(format!(
+                "{} parameter dtype {}",
+                op.name(),
+                p.dtype
+            )));
         }
     }
     Ok(x.clone())

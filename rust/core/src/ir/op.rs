@@ -260,21 +260,32 @@ impl fmt::Debug for ConstData {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// The `index`-th runtime input.
-    Input { index: usize },
+    Input {
+        index: usize,
+    },
     /// A named weight, bound once when the program is compiled.
-    Weight { name: String },
+    Weight {
+        name: String,
+    },
     /// A small constant tensor embedded in the graph.
     Constant(ConstData),
     /// A tensor of the node's shape filled with one value.
-    Full { value: Scalar },
+    Full {
+        value: Scalar,
+    },
     /// `start + step * i` along a 1-D output (arange).
-    Iota { start: Scalar, step: Scalar },
+    Iota {
+        start: Scalar,
+        step: Scalar,
+    },
     Unary(UnaryOp),
     /// Both operands have the same dtype and shape (frontends cast and expand).
     Binary(BinaryOp),
     /// `where(cond, a, b)`: cond is bool; a, b share the output dtype and shape.
     Where,
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
     /// Reduction over `axes` (sorted, unique). Arg reductions take exactly one axis.
     Reduce {
         op: ReduceOp,
@@ -284,10 +295,16 @@ pub enum Op {
     /// Batched contraction: `[B.., M, K] x [B.., K, N] -> [B.., M, N]`, equal batch dims.
     Dot,
     /// Same elements, new shape (element count preserved).
-    Reshape { shape: Vec<Dim> },
-    Permute { perm: Vec<usize> },
+    Reshape {
+        shape: Vec<Dim>,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
     /// Broadcast size-1 dims to `shape` (same rank; frontends add leading dims by reshape).
-    Expand { shape: Vec<Dim> },
+    Expand {
+        shape: Vec<Dim>,
+    },
     /// Elements `start, start+step, ... < end` of `axis` (0 ≤ start ≤ end ≤ size, step ≥ 1).
     Slice {
         axis: usize,
@@ -295,18 +312,34 @@ pub enum Op {
         end: Dim,
         step: i64,
     },
-    Flip { axes: Vec<usize> },
+    Flip {
+        axes: Vec<usize>,
+    },
     /// Constant padding: `pads[i] = (before, after)` for each axis (non-negative).
-    Pad { pads: Vec<(i64, i64)>, value: Scalar },
-    Concat { axis: usize },
+    Pad {
+        pads: Vec<(i64, i64)>,
+        value: Scalar,
+    },
+    Concat {
+        axis: usize,
+    },
     /// `torch.gather`: index has the input's rank; out[i][j] = in[index[i][j]][j] on `axis`.
-    Gather { axis: usize },
+    Gather {
+        axis: usize,
+    },
     /// `index_select`/`embedding`: out = in[..axis] ++ index.shape ++ in[axis+1..].
-    IndexSelect { axis: usize },
+    IndexSelect {
+        axis: usize,
+    },
     /// Inclusive prefix sum along `axis`.
-    Cumsum { axis: usize },
+    Cumsum {
+        axis: usize,
+    },
     /// Softmax (or log-softmax) along `axis`.
-    Softmax { axis: usize, log: bool },
+    Softmax {
+        axis: usize,
+        log: bool,
+    },
     /// Normalizes over the trailing dims from `axis`: inputs x, then weight and bias if flagged.
     LayerNorm {
         axis: usize,

@@ -25,7 +25,11 @@ pub fn verify(g: &Graph) -> Result<()> {
             None
         };
         let ty = infer_type(&node.op, &input_types, declared).map_err(|e| {
-            Error::Compile(format!("node {id} ({}, '{}'): {e}", node.op.name(), node.origin))
+            Error::Compile(format!(
+                "node {id} ({}, '{}'): {e}",
+                node.op.name(),
+                node.origin
+            ))
         })?;
         if ty.dtype != node.ty.dtype || ty.shape.len() != node.ty.shape.len() {
             return Err(Error::Compile(format!(
@@ -41,7 +45,12 @@ pub fn verify(g: &Graph) -> Result<()> {
     }
     input_nodes.sort();
     let ordered: Vec<usize> = input_nodes.iter().map(|&(_, id)| id).collect();
-    if ordered != g.inputs || input_nodes.iter().enumerate().any(|(i, &(idx, _))| i != idx) {
+    if ordered != g.inputs
+        || input_nodes
+            .iter()
+            .enumerate()
+            .any(|(i, &(idx, _))| i != idx)
+    {
         return Err(Error::Compile(format!(
             "graph inputs {:?} do not match its input nodes {:?}",
             g.inputs, input_nodes
@@ -80,7 +89,9 @@ mod tests {
         let mut g = Graph::new();
         let a = input(&mut g, 0, &[2, 3]);
         let b = input(&mut g, 1, &[3, 2]);
-        let err = g.add(Op::Binary(BinaryOp::Add), &[a, b], "add").unwrap_err();
+        let err = g
+            .add(Op::Binary(BinaryOp::Add), &[a, b], "add")
+            .unwrap_err();
         assert!(err.to_string().contains("add"), "{err}");
 
         let mut g = Graph::new();

@@ -1,1 +1,13 @@
-//! PT2 frontend (being written).
+//! The PT2 frontend: reads a `.pt2` archive (`torch.export.save`) and builds an IR graph.
+//!
+//! `archive` reads the zip safely, `args` parses node arguments, `translate` walks the
+//! program, and `ops/` holds one file per family of ATen ops.
+
+mod archive;
+mod args;
+mod ops;
+mod sym_expr;
+mod translate;
+
+pub use archive::Source;
+pub use translate::{load, Pt2Program};

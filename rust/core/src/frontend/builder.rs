@@ -1,0 +1,279 @@
+//! Graph construction helpers shared by the frontends: explicit broadcasting, torch's type
+//! promotion, scalar constants. Frontends speak in source terms (broadcasting binary ops,
+//! Python scalars); this turns them into the IR's explicit form.
+
+use crate::dim::{numel, Dim};
+use crate::dtype::{result_type_full, DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
+
+/// An operand of a source-level op: a tensor already in the graph, or a Python scalar.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand {
+    Tensor(ValueId),
+    Scalar(Scalar),
+}
+
+/// Wraps a graph under construction with the name of the source node being translated,
+/// so that every error names it.
+pub struct Builder {
+    pub g: Graph,
+    pub origin: String,
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder {
+            g: Graph::new(),
+            origin: String::new(),
+        }
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.g.ty(v)
+    }
+
+    pub fn dtype(&self, v: ValueId) -> DType {
+        self.g.ty(v).dtype
+    }
+
+    pub fn shape(&self, v: ValueId) -> Vec<Dim> {
+        self.g.ty(v).shape.clone()
+    }
+
+    pub fn rank(&self, v: ValueId) -> usize {
+        self.g.ty(v).shape.len()
+    }
+
+    pub fn op(&mut self, op: Op, inputs: &[ValueId]) -> Result<ValueId> {
+        let origin = self.origin.clone();
+        self.g.add(op, inputs, &origin)
+    }
+
+    pub fn source(&mut self, op: Op, ty: TensorType) -> Result<ValueId> {
+        let origin = self.origin.clone();
+        self.g.add_source(op, ty, &origin)
+    }
+
+    /// A tensor of `shape` filled with `value` (as `dtype`).
+    pub fn full(&mut self, value: Scalar, dtype: DType, shape: Vec<Dim>) -> Result<ValueId> {
+        self.source(Op::Full { value }, TensorType::new(dtype, shape))
+    }
+
+    pub fn cast(&mut self, v: ValueId, to: DType) -> Result<ValueId> {
+        if self.dtype(v) == to {
+            return Ok(v);
+        }
+        self.op(Op::Cast { to }, &[v])
+    }
+
+    pub fn unary(&mut self, op: UnaryOp, v: ValueId) -> Result<ValueId> {
+        self.op(Op::Unary(op), &[v])
+    }
+
+    pub fn reshape(&mut self, v: ValueId, shape: Vec<Dim>) -> Result<ValueId> {
+        if self.g.ty(v).shape == shape {
+            return Ok(v);
+        }
+        self.op(Op::Reshape { shape }, &[v])
+    }
+
+    pub fn permute(&mut self, v: ValueId, perm: Vec<usize>) -> Result<ValueId> {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(v);
+        }
+        self.op(Op::Permute { perm }, &[v])
+    }
+
+    /// numpy-style broadcasting of `v` to `shape` (leading dims added by reshape).
+    pub fn broadcast_to(&mut self, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
+        let cur = self.shape(v);
+        if cur.as_slice() == shape {
+            return Ok(v);
+        }
+        if cur.len() > shape.len() {
+            return Err(Error::Shape(format!(
+                "cannot broadcast {} to {} at node '{}'",
+                crate::dim::format_shape(&cur),
+                crate::dim::format_shape(shape),
+                self.origin
+            )));
+        }
+        let mut padded = vec![Dim::Const(1); shape.len() - cur.len()];
+        padded.extend(cur);
+        let v = self.reshape(v, padded.clone())?;
+        if padded.as_slice() == shape {
+            return Ok(v);
+        }
+        self.op(
+            Op::Expand {
+                shape: shape.to_vec(),
+            },
+            &[v],
+        )
+    }
+
+    /// Broadcasts each operand tensor to their common shape; scalars become full tensors.
+    pub fn broadcast_all(&mut self, vals: &[ValueId]) -> Result<Vec<ValueId>> {
+        let mut shape: Vec<Dim> = Vec::new();
+        for &v in vals {
+            shape = broadcast_shapes(&shape, &self.shape(v))
+                .map_err(|e| Error::Shape(format!("{e} at node '{}'", self.origin)))?;
+        }
+        vals.iter().map(|&v| self.broadcast_to(v, &shape)).collect()
+    }
+
+    /// torch's result type of a set of operands.
+    pub fn result_type(&self, operands: &[Operand]) -> DType {
+        let mut dims = Vec::new();
+        let mut zero = Vec::new();
+        let mut scalars = Vec::new();
+        for o in operands {
+            match *o {
+                Operand::Tensor(v) if self.rank(v) == 0 => zero.push(self.dtype(v)),
+                Operand::Tensor(v) => dims.push(self.dtype(v)),
+                Operand::Scalar(s) => scalars.push(s),
+            }
+        }
+        result_type_full(&dims, &zero, &scalars)
+    }
+
+    /// Materializes an operand as a tensor of `dtype` (scalars become 0-d `Full`s).
+    pub fn operand(&mut self, o: Operand, dtype: DType) -> Result<ValueId> {
+        match o {
+            Operand::Tensor(v) => self.cast(v, dtype),
+            Operand::Scalar(s) => self.full(s, dtype, vec![]),
+        }
+    }
+
+    /// A broadcasting binary op computed in `dtype` (operands are cast to it first).
+    pub fn binary_in(
+        &mut self,
+        op: BinaryOp,
+        a: Operand,
+        b: Operand,
+        dtype: DType,
+    ) -> Result<ValueId> {
+        let a = self.operand(a, dtype)?;
+        let b = self.operand(b, dtype)?;
+        let v = self.broadcast_all(&[a, b])?;
+        self.op(Op::Binary(op), &[v[0], v[1]])
+    }
+
+    /// A broadcasting binary op with torch's type promotion.
+    pub fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand) -> Result<ValueId> {
+        let dtype = self.result_type(&[a, b]);
+        self.binary_in(op, a, b, dtype)
+    }
+
+    pub fn where_(&mut self, cond: ValueId, a: Operand, b: Operand) -> Result<ValueId> {
+        let dtype = self.result_type(&[a, b]);
+        let cond = self.cast(cond, DType::Bool)?;
+        let a = self.operand(a, dtype)?;
+        let b = self.operand(b, dtype)?;
+        let v = self.broadcast_all(&[cond, a, b])?;
+        self.op(Op::Where, &v)
+    }
+
+    /// Sum over `axes` divided by the number of reduced elements.
+    pub fn mean(&mut self, v: ValueId, axes: Vec<usize>, keepdim: bool) -> Result<ValueId> {
+        let shape = self.shape(v);
+        let count = numel(&axes.iter().map(|&a| shape[a].clone()).collect::<Vec<_>>());
+        let dtype = self.dtype(v);
+        let sum = self.op(
+            Op::Reduce {
+                op: crate::ir::ReduceOp::Sum,
+                axes,
+                keepdim,
+            },
+            &[v],
+        )?;
+        let n = self.dim_value(&count, dtype)?;
+        self.binary_in(
+            BinaryOp::Div,
+            Operand::Tensor(sum),
+            Operand::Tensor(n),
+            dtype,
+        )
+    }
+
+    /// A 0-d tensor holding the value of a dim (constant, or computed from a symbolic shape).
+    pub fn dim_value(&mut self, d: &Dim, dtype: DType) -> Result<ValueId> {
+        match d.as_const() {
+            Some(c) => self.full(Scalar::Int(c), dtype, vec![]),
+            None => {
+                // Count the elements of a ones tensor of that length: exact for any size.
+                let ones = self.full(Scalar::Int(1), DType::I64, vec![d.clone()])?;
+                let n = self.op(
+                    Op::Reduce {
+                        op: crate::ir::ReduceOp::Sum,
+                        axes: vec![0],
+                        keepdim: false,
+                    },
+                    &[ones],
+                )?;
+                self.cast(n, dtype)
+            }
+        }
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder::new()
+    }
+}
+
+/// numpy broadcasting of two shapes. Symbolic dims are assumed equal unless one is 1; the
+/// run-time shape check catches a wrong assumption.
+pub fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = if i + a.len() >= n {
+            Some(&a[i + a.len() - n])
+        } else {
+            None
+        };
+        let y = if i + b.len() >= n {
+            Some(&b[i + b.len() - n])
+        } else {
+            None
+        };
+        out.push(match (x, y) {
+            (Some(x), None) => x.clone(),
+            (None, Some(y)) => y.clone(),
+            (Some(x), Some(y)) => {
+                if x.as_const() == Some(1) {
+                    y.clone()
+                } else if y.as_const() == Some(1) || x == y {
+                    x.clone()
+                } else if let (Some(p), Some(q)) = (x.as_const(), y.as_const()) {
+                    return Err(Error::Shape(format!(
+                        "shapes {} and {} do not broadcast ({p} vs {q})",
+                        crate::dim::format_shape(a),
+                        crate::dim::format_shape(b)
+                    )));
+                } else if x.is_const() {
+                    x.clone()
+                } else {
+                    y.clone()
+                }
+            }
+            (None, None) => unreachable!("i < max(len)"),
+        });
+    }
+    Ok(out)
+}
+
+/// Normalizes a possibly negative axis for a tensor of `rank` (rank 0 accepts -1 and 0).
+pub fn norm_axis(axis: i64, rank: usize, origin: &str) -> Result<usize> {
+    let r = rank.max(1) as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r {
+        return Err(Error::Shape(format!(
+            "dimension {axis} out of range for a tensor of rank {rank} at node '{origin}'"
+        )));
+    }
+    Ok(a as usize)
+}

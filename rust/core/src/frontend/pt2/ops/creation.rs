@@ -1,0 +1,138 @@
+//! Tensor creation: full/zeros/ones (and their `_like`/`new_` forms), scalar_tensor, arange.
+
+use super::{tensor, Handler};
+use crate::dim::{Dim, DimOp};
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::frontend::pt2::args::{Arg, NodeArgs};
+use crate::frontend::pt2::translate::{Ctx, Out};
+use crate::ir::{Op, TensorType};
+
+pub fn handler(name: &str, overload: &str) -> Option<Handler> {
+    Some(match (name, overload) {
+        ("full", "default") => |c, n| full(c, n, None, "size", 0),
+        ("zeros", "default") => |c, n| full(c, n, Some(Scalar::Int(0)), "size", 0),
+        ("ones", "default") => |c, n| full(c, n, Some(Scalar::Int(1)), "size", 0),
+        ("empty", "memory_format" | "default") => {
+            |c, n| full(c, n, Some(Scalar::Int(0)), "size", 0)
+        }
+        ("new_full", "default") => |c, n| full(c, n, None, "size", 1),
+        ("new_zeros", "default") => |c, n| full(c, n, Some(Scalar::Int(0)), "size", 1),
+        ("new_ones", "default") => |c, n| full(c, n, Some(Scalar::Int(1)), "size", 1),
+        ("new_empty", "default") => |c, n| full(c, n, Some(Scalar::Int(0)), "size", 1),
+        ("full_like", "default") => |c, n| like(c, n, None),
+        ("zeros_like", "default") => |c, n| like(c, n, Some(Scalar::Int(0))),
+        ("ones_like", "default") => |c, n| like(c, n, Some(Scalar::Int(1))),
+        ("empty_like", "default") => |c, n| like(c, n, Some(Scalar::Int(0))),
+        ("scalar_tensor", "default") => scalar_tensor,
+        ("arange", "default" | "start" | "start_step") => arange,
+        _ => return None,
+    })
+}
+
+fn default_dtype(s: Scalar) -> DType {
+    match s {
+        Scalar::Bool(_) => DType::Bool,
+        Scalar::Int(_) => DType::I64,
+        Scalar::Float(_) => DType::F32,
+    }
+}
+
+fn size_arg(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<Vec<Dim>> {
+    match n.raw(name, pos) {
+        Some(Arg::Ints(v)) => Ok(v.iter().map(|&d| Dim::Const(d)).collect()),
+        Some(Arg::SymInts(v)) => v.iter().map(|s| ctx.sym(s)).collect(),
+        None => Ok(vec![]),
+        other => Err(Error::Compile(format!("node '{}': size {other:?}", n.name))),
+    }
+}
+
+fn full(ctx: &mut Ctx, n: &NodeArgs, fixed: Option<Scalar>, size: &str, pos: usize) -> Result<Out> {
+    let shape = size_arg(ctx, n, size, pos)?;
+    let value = match fixed {
+        Some(v) => v,
+        None => n
+            .scalar("fill_value", pos + 1)?
+            .ok_or_else(|| Error::Compile(format!("node '{}': full without fill_value", n.name)))?,
+    };
+    let dtype = match n.dtype("dtype", usize::MAX)? {
+        Some(d) => d,
+        // new_* inherit the source tensor's dtype.
+        None if pos == 1 => ctx.b.dtype(tensor(ctx, n, "self", 0)?),
+        None if fixed.is_some() => DType::F32,
+        None => default_dtype(value),
+    };
+    Ok(Out::Value(ctx.b.full(value, dtype, shape)?))
+}
+
+fn like(ctx: &mut Ctx, n: &NodeArgs, fixed: Option<Scalar>) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let value = match fixed {
+        Some(v) => v,
+        None => n.scalar("fill_value", 1)?.ok_or_else(|| {
+            Error::Compile(format!("node '{}': full_like without fill_value", n.name))
+        })?,
+    };
+    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(ctx.b.dtype(x));
+    let shape = ctx.b.shape(x);
+    Ok(Out::Value(ctx.b.full(value, dtype, shape)?))
+}
+
+fn scalar_tensor(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let value = n
+        .scalar("s", 0)?
+        .ok_or_else(|| Error::Compile(format!("node '{}': scalar_tensor without value", n.name)))?;
+    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(DType::F32);
+    Ok(Out::Value(ctx.b.full(value, dtype, vec![])?))
+}
+
+fn arange(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let overload = n.target.rsplit('.').next().unwrap_or("default");
+    let get = |name: &str, pos: usize| -> Result<Option<Scalar>> {
+        match n.raw(name, pos) {
+            Some(Arg::SymInt(s)) => match ctx.sym(s)?.as_const() {
+                Some(c) => Ok(Some(Scalar::Int(c))),
+                None => Err(Error::unsupported_because(
+                    "aten.arange",
+                    &n.name,
+                    "symbolic bounds (use a fixed-size arange or a static shape)",
+                )),
+            },
+            _ => n.scalar(name, pos),
+        }
+    };
+    let (start, end, step) = match overload {
+        "default" => (Scalar::Int(0), get("end", 0)?, Scalar::Int(1)),
+        "start" => (
+            get("start", 0)?.unwrap_or(Scalar::Int(0)),
+            get("end", 1)?,
+            Scalar::Int(1),
+        ),
+        _ => (
+            get("start", 0)?.unwrap_or(Scalar::Int(0)),
+            get("end", 1)?,
+            get("step", 2)?.unwrap_or(Scalar::Int(1)),
+        ),
+    };
+    let end =
+        end.ok_or_else(|| Error::Compile(format!("node '{}': arange without end", n.name)))?;
+    let any_float = [start, end, step]
+        .iter()
+        .any(|s| matches!(s, Scalar::Float(_)));
+    let dtype =
+        n.dtype("dtype", usize::MAX)?
+            .unwrap_or(if any_float { DType::F32 } else { DType::I64 });
+    let (s, e, st) = (start.as_f64(), end.as_f64(), step.as_f64());
+    if st == 0.0 || !((e - s) / st).is_finite() {
+        return Err(Error::Shape(format!(
+            "arange({s}, {e}, {st}) at '{}'",
+            n.name
+        )));
+    }
+    let len = ((e - s) / st).ceil().max(0.0) as i64;
+    let _ = DimOp::Add;
+    Ok(Out::Value(ctx.b.source(
+        Op::Iota { start, step },
+        TensorType::new(dtype, vec![Dim::Const(len)]),
+    )?))
+}

@@ -1,0 +1,56 @@
+//! ATen op translations, one file per family. `handler` maps a serialized target
+//! (`torch.ops.aten.add.Tensor`) to the function that translates it; the same table decides
+//! up front whether a whole graph is supported.
+
+mod creation;
+mod elementwise;
+mod index;
+mod linalg;
+mod nn;
+mod reduce;
+mod shape;
+
+use super::args::NodeArgs;
+use super::translate::{Ctx, Out};
+use crate::error::Result;
+use crate::frontend::builder::Operand;
+use crate::ir::ValueId;
+
+pub type Handler = fn(&mut Ctx, &NodeArgs) -> Result<Out>;
+
+/// The translation function for `target`, or `None` when Ember does not support it.
+pub fn handler(target: &str) -> Option<Handler> {
+    let rest = target.strip_prefix("torch.ops.aten.")?;
+    let (name, overload) = rest.split_once('.').unwrap_or((rest, "default"));
+    elementwise::handler(name, overload)
+        .or_else(|| reduce::handler(name, overload))
+        .or_else(|| shape::handler(name, overload))
+        .or_else(|| linalg::handler(name, overload))
+        .or_else(|| nn::handler(name, overload))
+        .or_else(|| index::handler(name, overload))
+        .or_else(|| creation::handler(name, overload))
+}
+
+/// The tensor argument `name` (schema name) at position `pos`.
+fn tensor(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<ValueId> {
+    ctx.value(n.tensor(name, pos)?)
+}
+
+/// An argument that may be a tensor or a Python scalar (`other` in `add.Tensor`/`add.Scalar`).
+fn operand(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<Operand> {
+    if let Ok(t) = n.tensor(name, pos) {
+        return Ok(Operand::Tensor(ctx.value(t)?));
+    }
+    match n.scalar(name, pos)? {
+        Some(s) => Ok(Operand::Scalar(s)),
+        None => Err(crate::error::Error::Compile(format!(
+            "node '{}' ({}): missing operand '{name}'",
+            n.name, n.target
+        ))),
+    }
+}
+
+/// Normalized axis argument.
+fn axis(ctx: &Ctx, v: ValueId, a: i64) -> Result<usize> {
+    crate::frontend::builder::norm_axis(a, ctx.b.rank(v), &ctx.b.origin)
+}
