@@ -1,1 +1,333 @@
+//! `ember._core`: the PyO3 glue between the Python package and the Rust crates.
+//! Conversions and exception mapping live here; logic lives in the core and backends.
+//! Every entry point runs under `guard`, so no Rust panic ever reaches Python.
 
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+use ember_core::backend::{Backend, Executable as CoreExecutable, Weights};
+use ember_core::dtype::DType;
+use ember_core::frontend::pt2::{self, Pt2Program};
+use ember_core::ir::Graph;
+use ember_core::tensor::{HostTensor, TensorOut, TensorView};
+use ember_core::Error;
+
+create_exception!(
+    _core,
+    EmberError,
+    PyException,
+    "Root of every error Ember raises."
+);
+create_exception!(
+    _core,
+    UnsupportedOpError,
+    EmberError,
+    "An op Ember does not support."
+);
+create_exception!(
+    _core,
+    CompileError,
+    EmberError,
+    "A model Ember could not compile."
+);
+create_exception!(
+    _core,
+    ShapeError,
+    CompileError,
+    "Shapes that do not fit together."
+);
+create_exception!(
+    _core,
+    InputError,
+    EmberError,
+    "Call-time inputs that do not fit the program."
+);
+create_exception!(
+    _core,
+    EmberRuntimeError,
+    EmberError,
+    "A failure while running a program."
+);
+
+fn to_py(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::UnsupportedOp { .. } => UnsupportedOpError::new_err(msg),
+        Error::Compile(_) | Error::Io(_) => CompileError::new_err(msg),
+        Error::Shape(_) => ShapeError::new_err(msg),
+        Error::Input(_) => InputError::new_err(msg),
+        Error::Runtime(_) => EmberRuntimeError::new_err(msg),
+    }
+}
+
+/// Runs `f`, turning an error into its Python exception and a panic into `EmberError`.
+fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(to_py),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(EmberError::new_err(format!(
+                "internal error in Ember (please report it): {what}"
+            )))
+        }
+    }
+}
+
+fn dtype(name: &str) -> PyResult<DType> {
+    DType::from_name(name).ok_or_else(|| InputError::new_err(format!("unsupported dtype '{name}'")))
+}
+
+/// A caller's buffer: `(address, dtype name, shape)`.
+type RawBuffer = (usize, String, Vec<usize>);
+
+/// A translated program, before it is compiled for a backend.
+#[pyclass(frozen, module = "ember._core")]
+struct Program {
+    inner: Arc<Pt2Program>,
+}
+
+#[pymethods]
+impl Program {
+    #[getter]
+    fn input_names(&self) -> Vec<String> {
+        self.inner.input_names.clone()
+    }
+
+    #[getter]
+    fn output_names(&self) -> Vec<String> {
+        self.inner.output_names.clone()
+    }
+
+    /// Dtypes of the user inputs, in call order.
+    #[getter]
+    fn input_dtypes(&self) -> Vec<String> {
+        let g = &self.inner.graph;
+        g.inputs
+            .iter()
+            .map(|&i| g.ty(i).dtype.name().to_owned())
+            .collect()
+    }
+
+    #[getter]
+    fn output_dtypes(&self) -> Vec<String> {
+        let g = &self.inner.graph;
+        g.outputs
+            .iter()
+            .map(|&i| g.ty(i).dtype.name().to_owned())
+            .collect()
+    }
+
+    /// `(name, dtype, shape)` of every weight the program reads.
+    #[getter]
+    fn weight_specs(&self) -> Vec<(String, String, Vec<usize>)> {
+        self.inner
+            .weight_specs
+            .iter()
+            .map(|(n, d, s)| (n.clone(), d.name().to_owned(), s.clone()))
+            .collect()
+    }
+
+    /// Names of weights that were loaded from the archive itself.
+    #[getter]
+    fn loaded_weights(&self) -> Vec<String> {
+        self.inner.weights.keys().cloned().collect()
+    }
+
+    #[getter]
+    fn num_nodes(&self) -> usize {
+        self.inner.graph.nodes.len()
+    }
+
+    /// The IR in its readable text form.
+    fn ir(&self) -> String {
+        self.inner.graph.to_string()
+    }
+}
+
+/// Reads and translates a `.pt2` archive from a path or from bytes.
+#[pyfunction]
+#[pyo3(signature = (path=None, data=None, load_weights=true))]
+fn load_pt2(
+    py: Python<'_>,
+    path: Option<String>,
+    data: Option<Vec<u8>>,
+    load_weights: bool,
+) -> PyResult<Program> {
+    let program = py.detach(|| {
+        guard(|| match (&path, &data) {
+            (Some(p), None) => pt2::load(pt2::Source::Path(std::path::Path::new(p)), load_weights),
+            (None, Some(d)) => pt2::load(pt2::Source::Bytes(d), load_weights),
+            _ => Err(Error::Compile("pass exactly one of path and data".into())),
+        })
+    })?;
+    Ok(Program {
+        inner: Arc::new(program),
+    })
+}
+
+fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Box::new(ember_cpu::CpuBackend::new(num_threads))),
+        "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
+        other => Err(CompileError::new_err(format!(
+            "unknown backend '{other}'; available: cpu, reference"
+        ))),
+    }
+}
+
+/// A program compiled for one backend; callable from several threads at once.
+#[pyclass(frozen, module = "ember._core")]
+struct Executable {
+    inner: Box<dyn CoreExecutable>,
+    graph: Arc<Pt2Program>,
+    backend: String,
+}
+
+#[pymethods]
+impl Executable {
+    #[getter]
+    fn backend(&self) -> String {
+        self.backend.clone()
+    }
+
+    /// Output shapes for the given input shapes (raises `InputError` when they do not fit).
+    fn output_shapes(&self, py: Python<'_>, shapes: Vec<Vec<usize>>) -> PyResult<Vec<Vec<usize>>> {
+        py.detach(|| guard(|| self.inner.output_shapes(&shapes)))
+    }
+
+    /// Runs on raw buffers: inputs `(ptr, dtype, shape, strides)`, outputs `(ptr, dtype,
+    /// shape)`, both in elements. The caller keeps every buffer alive for the call.
+    fn run(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(usize, String, Vec<usize>, Vec<usize>)>,
+        outputs: Vec<(usize, String, Vec<usize>)>,
+    ) -> PyResult<()> {
+        let g: &Graph = &self.graph.graph;
+        if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
+            return Err(InputError::new_err(format!(
+                "expected {} inputs and {} outputs, got {} and {}",
+                g.inputs.len(),
+                g.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let mut views = Vec::with_capacity(inputs.len());
+        for (k, (ptr, dt, shape, strides)) in inputs.into_iter().enumerate() {
+            let dt = dtype(&dt)?;
+            let want = g.ty(g.inputs[k]).dtype;
+            if dt != want {
+                return Err(InputError::new_err(format!(
+                    "input {k} ('{}') should be {want}, got {dt}",
+                    self.graph.input_names.get(k).cloned().unwrap_or_default()
+                )));
+            }
+            if strides.len() != shape.len() {
+                return Err(InputError::new_err(format!(
+                    "input {k}: strides do not match shape"
+                )));
+            }
+            views.push(TensorView {
+                ptr: ptr as *const u8,
+                dtype: dt,
+                shape,
+                strides,
+            });
+        }
+        let mut outs = Vec::with_capacity(outputs.len());
+        for (k, (ptr, dt, shape)) in outputs.into_iter().enumerate() {
+            let dt = dtype(&dt)?;
+            if dt != g.ty(g.outputs[k]).dtype {
+                return Err(InputError::new_err(format!(
+                    "output {k} has the wrong dtype {dt}"
+                )));
+            }
+            outs.push(TensorOut {
+                ptr: ptr as *mut u8,
+                dtype: dt,
+                shape,
+            });
+        }
+        let views = SendPtrs(views, outs);
+        py.detach(move || {
+            let SendPtrs(views, outs) = views;
+            // SAFETY: the Python caller passes live buffers of the stated sizes (CompiledModel
+            // allocates the outputs itself from `output_shapes`).
+            guard(|| unsafe { self.inner.run(&views, &outs) })
+        })
+    }
+}
+
+/// Raw views crossing into the GIL-free section.
+struct SendPtrs(Vec<TensorView>, Vec<TensorOut>);
+
+/// Compiles a program for a backend, binding weights once: `weights` maps each name to a
+/// live buffer `(ptr, dtype, shape)` the caller keeps alive as long as the executable.
+/// Weights not given are taken from those loaded with the archive.
+#[pyfunction]
+#[pyo3(signature = (program, backend="cpu", weights=None, num_threads=1))]
+fn compile(
+    py: Python<'_>,
+    program: &Program,
+    backend: &str,
+    weights: Option<HashMap<String, RawBuffer>>,
+    num_threads: usize,
+) -> PyResult<Executable> {
+    let prog = program.inner.clone();
+    let mut bound: Weights = prog.weights.clone();
+    for (name, (ptr, dt, shape)) in weights.unwrap_or_default() {
+        let dt = dtype(&dt)?;
+        // SAFETY: the caller (CompiledModel) holds the tensor for the executable's lifetime.
+        bound.insert(name, unsafe { HostTensor::external(dt, shape, ptr) });
+    }
+    for (name, dt, shape) in &prog.weight_specs {
+        match bound.get(name) {
+            None => {
+                return Err(CompileError::new_err(format!(
+                    "weight '{name}' was not provided"
+                )))
+            }
+            Some(t) if t.dtype != *dt || &t.shape != shape => {
+                return Err(CompileError::new_err(format!(
+                    "weight '{name}' should be {dt}{shape:?}, got {}{:?}",
+                    t.dtype, t.shape
+                )))
+            }
+            _ => {}
+        }
+    }
+    let backend_impl = make_backend(backend, num_threads.max(1))?;
+    let exe = py.detach(|| guard(|| backend_impl.compile(&prog.graph, &bound)))?;
+    Ok(Executable {
+        inner: exe,
+        graph: prog,
+        backend: backend.to_owned(),
+    })
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("EmberError", py.get_type::<EmberError>())?;
+    m.add("UnsupportedOpError", py.get_type::<UnsupportedOpError>())?;
+    m.add("CompileError", py.get_type::<CompileError>())?;
+    m.add("ShapeError", py.get_type::<ShapeError>())?;
+    m.add("InputError", py.get_type::<InputError>())?;
+    m.add("EmberRuntimeError", py.get_type::<EmberRuntimeError>())?;
+    m.add_class::<Program>()?;
+    m.add_class::<Executable>()?;
+    m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

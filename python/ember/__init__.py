@@ -1,0 +1,35 @@
+"""Ember: a compiler that makes PyTorch models run faster for inference.
+
+    fast = torch.compile(model, backend="ember")
+    fast = ember.compile(model, *example_inputs)
+    fast = ember.compile_pt2("model.pt2")
+"""
+
+from ember._core import __version__
+from ember.api import compile, compile_pt2
+from ember.backend import ember_backend
+from ember.compiled import CompiledModel
+from ember.errors import (
+    CompileError,
+    EmberError,
+    EmberRuntimeError,
+    InputError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from ember.options import Options
+
+__all__ = [
+    "CompileError",
+    "CompiledModel",
+    "EmberError",
+    "EmberRuntimeError",
+    "InputError",
+    "Options",
+    "ShapeError",
+    "UnsupportedOpError",
+    "__version__",
+    "compile",
+    "compile_pt2",
+    "ember_backend",
+]

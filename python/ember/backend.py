@@ -1,0 +1,94 @@
+"""``torch.compile(model, backend="ember")``: the Dynamo backend.
+
+Dynamo hands us an FX graph. We compile it lazily on the first call for each input
+signature (shapes, dtypes, int arguments), through the same export path as
+``ember.compile``. Graphs Ember cannot compile run eagerly with one warning (or raise,
+with ``fallback="error"``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ember import _core
+from ember.compiled import CompiledModel
+from ember.errors import UnsupportedOpError
+from ember.export import export_program, live_weights, save_bytes
+from ember.options import Options
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.dtype, a.device.type))
+        else:
+            key.append(("value", type(a).__name__, a))
+    return tuple(key)
+
+
+_programs_compiled = 0
+
+
+def programs_compiled() -> int:
+    """How many programs the torch.compile backend has compiled in this process (tests use it
+    to prove Ember, not an eager fallback, ran a graph)."""
+    return _programs_compiled
+
+
+class _DynamoGraph:
+    """One Dynamo graph; compiled programs cached per input signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: Options) -> None:
+        self.gm = gm
+        self.options = options
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+        try:
+            ep = export_program(self.gm, args)
+            program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+            model = CompiledModel(
+                program,
+                self.options.backend,
+                self.options.threads,
+                live_weights(ep),
+                ep.call_spec.out_spec,
+            )
+        except UnsupportedOpError as e:
+            if self.options.fallback == "error":
+                raise
+            warnings.warn(
+                f"ember: running this graph eagerly because it uses an op Ember does not "
+                f"support: {e}",
+                stacklevel=3,
+            )
+            return self.gm.forward
+        global _programs_compiled
+        _programs_compiled += 1
+        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+        def run(*call_args: Any) -> Any:
+            return model(*[call_args[i] for i in tensor_positions])
+
+        return run
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self._compile(args)
+            self.compiled[key] = fn
+        return fn(*args)
+
+
+def ember_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """The Dynamo backend registered as ``"ember"``."""
+    del example_inputs  # compiled on first call, with real inputs
+    return _DynamoGraph(gm, Options.from_dict(options))

@@ -1,0 +1,112 @@
+"""``CompiledModel``: a compiled program plus what it needs at call time (bound weights,
+input/output structure). Inputs and outputs move by pointer; weights are bound once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ember import _core
+from ember.errors import InputError
+
+_TORCH_TO_NAME = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+_NAME_TO_TORCH = {v: k for k, v in _TORCH_TO_NAME.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _TORCH_TO_NAME[dtype]
+    except KeyError:
+        raise InputError(f"Ember does not support tensors of dtype {dtype}") from None
+
+
+def _bind_weights(weights: dict[str, torch.Tensor], specs: Sequence[tuple[str, str, list[int]]]):
+    """Pointers to each weight the program reads. Non-contiguous weights get one contiguous
+    copy here, at compile time; the returned list keeps every bound tensor alive."""
+    keep: list[torch.Tensor] = []
+    bound: dict[str, tuple[int, str, list[int]]] = {}
+    for name, _dtype, _shape in specs:
+        t = weights.get(name)
+        if t is None:
+            continue
+        t = t.detach()
+        if t.device.type != "cpu":
+            raise InputError(f"weight {name!r} is on {t.device}; Ember's CPU backend needs cpu")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        keep.append(t)
+        bound[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
+    return bound, keep
+
+
+class CompiledModel:
+    """A model compiled by Ember. Call it like the original model."""
+
+    def __init__(
+        self,
+        program: Any,
+        backend: str,
+        num_threads: int,
+        weights: dict[str, torch.Tensor] | None = None,
+        out_spec: Any = None,
+    ) -> None:
+        bound, self._keep_alive = _bind_weights(weights or {}, program.weight_specs)
+        self._program = program
+        self._exe = _core.compile(program, backend, bound, num_threads)
+        self._out_spec = out_spec
+        self._input_dtypes = program.input_dtypes
+        self._output_dtypes = [_NAME_TO_TORCH[d] for d in program.output_dtypes]
+
+    @property
+    def input_names(self) -> list[str]:
+        return self._program.input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        return self._program.output_names
+
+    def ir(self) -> str:
+        """The compiled IR graph as text."""
+        return self._program.ir()
+
+    def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Runs on a flat list of tensors and returns a flat list of outputs."""
+        if len(inputs) != len(self._input_dtypes):
+            raise InputError(
+                f"expected {len(self._input_dtypes)} tensor inputs "
+                f"({', '.join(self.input_names)}), got {len(inputs)}"
+            )
+        views = []
+        for i, t in enumerate(inputs):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {i} ({self.input_names[i]!r}) must be a tensor")
+            if t.device.type != "cpu":
+                raise InputError(f"input {i} is on {t.device}; this program runs on the cpu")
+            if t.is_sparse or t.is_quantized or t.layout != torch.strided:
+                raise InputError(f"input {i} must be a dense strided tensor")
+            views.append((t.data_ptr(), dtype_name(t.dtype), list(t.shape), list(t.stride())))
+        shapes = self._exe.output_shapes([v[2] for v in views])
+        outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self._output_dtypes)]
+        self._exe.run(views, [(o.data_ptr(), dtype_name(o.dtype), list(o.shape)) for o in outs])
+        return outs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        outs = self.run_flat(flat)
+        if self._out_spec is None:
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        return pytree.tree_unflatten(outs, self._out_spec)

@@ -1,0 +1,79 @@
+"""From a torch model to a ``.pt2`` archive: ``torch.export`` to core ATen, keeping the
+composite ops Ember runs fused (softmax, layer/rms norm, attention, linear, gelu, silu)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+_aten = torch.ops.aten
+
+# Ops the IR has as composites (or lowers better than torch's decomposition does).
+_KEEP = [
+    "softmax.int",
+    "_softmax.default",
+    "log_softmax.int",
+    "_log_softmax.default",
+    "layer_norm.default",
+    "rms_norm.default",
+    "scaled_dot_product_attention.default",
+    "linear.default",
+    "gelu.default",
+    "silu.default",
+    "matmul.default",
+]
+
+
+def _decomposition_table() -> dict[Any, Any]:
+    table = torch.export.default_decompositions()
+    for name in _KEEP:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(_aten, packet, None), overload, None)
+        if op is not None and op in table:
+            del table[op]
+    return table
+
+
+def _strip_grad_mode_calls(gm: torch.fx.GraphModule) -> None:
+    """Dynamo records ``torch.no_grad()`` blocks as ``_set_grad_enabled`` calls; inference
+    needs no autograd, and torch.export would wrap them in a higher-order op."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+def export_program(
+    model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> ExportedProgram:
+    """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
+    if isinstance(model, torch.fx.GraphModule):
+        _strip_grad_mode_calls(model)
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        return ep.run_decompositions(_decomposition_table())
+
+
+def save_bytes(ep: ExportedProgram) -> bytes:
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+def live_weights(ep: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Parameters, buffers and lifted constants by their fully qualified names: the tensors
+    the compiled program binds by pointer."""
+    weights: dict[str, torch.Tensor] = {}
+    for name, t in ep.state_dict.items():
+        weights[name] = t
+    for name, t in ep.constants.items():
+        if isinstance(t, torch.Tensor):
+            weights[name] = t
+    return weights

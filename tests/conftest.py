@@ -1,0 +1,87 @@
+"""Shared test helpers: the user workflow (module → torch.compile(backend="ember") →
+assert_close against eager), run on every backend Ember has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+import ember
+from ember.backend import programs_compiled
+
+BACKENDS = ["cpu", "reference"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test starts with empty Dynamo caches, so no test hits the recompile limit and
+    silently runs eagerly."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+class Fn(torch.nn.Module):
+    """Wraps a function as a module."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _clone(args: Sequence[Any]) -> list[Any]:
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def check(
+    model: torch.nn.Module | Callable[..., Any],
+    inputs: Sequence[Any],
+    backend: str = "cpu",
+    rtol: float = 1.3e-6,
+    atol: float = 1e-5,
+    new_inputs: Sequence[Any] | None = None,
+) -> Any:
+    """Compiles ``model`` with torch.compile(backend="ember"), checks it against eager on
+    ``inputs`` and again on ``new_inputs`` (a second call with new values), and checks that
+    inputs are not modified. Returns the compiled callable."""
+    if not isinstance(model, torch.nn.Module):
+        model = Fn(model)
+    model.eval()
+    before = programs_compiled()
+    compiled = torch.compile(
+        model, backend="ember", options={"backend": backend, "fallback": "error"}
+    )
+    for args in [inputs] + ([new_inputs] if new_inputs is not None else []):
+        pristine = _clone(args)
+        with torch.no_grad():
+            expected = model(*_clone(args))
+            got = compiled(*args)
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+        for a, p in zip(args, pristine):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, p) or (a.isnan() == p.isnan()).all(), "input modified"
+    assert programs_compiled() > before, "Ember did not compile this graph"
+    return compiled
+
+
+def rand(*shape: int, dtype: torch.dtype = torch.float32, low: float = -3, high: float = 3):
+    if dtype.is_floating_point:
+        return (torch.rand(shape) * (high - low) + low).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return torch.randint(int(low), int(high) + 1, shape, dtype=dtype)
+
+
+__all__ = ["BACKENDS", "Fn", "check", "ember", "rand"]

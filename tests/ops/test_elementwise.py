@@ -1,0 +1,187 @@
+"""Elementwise ops: math, arithmetic with type promotion and broadcasting, comparisons,
+logical ops, where/clamp/masked_fill, integer division and remainder with torch's rounding."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import check, rand
+
+UNARY = {
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "sign": torch.sign,
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "round": torch.round,
+    "trunc": torch.trunc,
+    "exp": torch.exp,
+    "expm1": torch.expm1,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tan": torch.tan,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "relu": torch.relu,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "reciprocal": torch.reciprocal,
+}
+
+POSITIVE = {
+    "log": torch.log,
+    "log1p": torch.log1p,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name, backend):
+    x = rand(5, 7)
+    # Exact halves exercise round-half-to-even; odd sizes exercise vector tails.
+    x[0, :4] = torch.tensor([0.5, 1.5, -2.5, 2.0])
+    check(UNARY[name], [x], backend, new_inputs=[rand(5, 7)])
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_unary_positive_domain(name, backend):
+    check(POSITIVE[name], [rand(3, 9, low=0.1, high=4)], backend)
+
+
+def test_unary_on_noncontiguous_and_0d(backend):
+    check(lambda x, s: torch.exp(x.t()) + torch.tanh(s), [rand(6, 4), rand()], backend)
+
+
+def test_isnan_isinf_logical_not(backend):
+    x = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    check(lambda x: (x.isnan(), x.isinf(), torch.logical_not(x)), [x], backend)
+
+
+BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "atan2": torch.atan2,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_broadcast(name, backend):
+    check(BINARY[name], [rand(4, 1, 5), rand(3, 1)], backend, new_inputs=[rand(4, 1, 5), rand(3, 1)])
+
+
+def test_pow(backend):
+    check(lambda a, b: (a.abs() ** b, a**2, 2.0**b), [rand(4, 5), rand(4, 5)], backend, rtol=1e-5)
+
+
+def test_scalar_promotion(backend):
+    # int tensor with a float scalar becomes float32; f16 stays f16 with a float scalar.
+    def fn(i, h):
+        return i * 0.5, i + 3, h * 2.5, i / 2
+
+    check(fn, [rand(3, 4, dtype=torch.int32), rand(3, 4, dtype=torch.float16)], backend)
+
+
+def test_mixed_dtype_promotion(backend):
+    def fn(a, b, c):
+        return a + b, b * c, a + c
+
+    check(fn, [rand(5, dtype=torch.int64), rand(5, dtype=torch.float64), rand(5)], backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_floor_and_trunc_division(dtype, backend):
+    a = torch.tensor([7, -7, 7, -7, 0, 5, -1], dtype=dtype)
+    b = torch.tensor([2, 2, -2, -2, 3, 5, 3], dtype=dtype)
+
+    def fn(a, b):
+        return (
+            torch.div(a, b, rounding_mode="floor"),
+            torch.div(a, b, rounding_mode="trunc"),
+            a // b,
+            torch.remainder(a, b),
+            torch.fmod(a, b),
+            a % 3,
+        )
+
+    check(fn, [a, b], backend)
+
+
+def test_true_division_of_ints_is_float(backend):
+    check(lambda a, b: a / b, [rand(6, dtype=torch.int64), rand(6, dtype=torch.int64, low=1)], backend)
+
+
+COMPARE = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPARE))
+def test_comparisons(name, backend):
+    a = torch.randint(-2, 3, (4, 6)).float()
+    b = torch.randint(-2, 3, (6,)).float()
+    check(lambda a, b: (COMPARE[name](a, b), COMPARE[name](a, 1)), [a, b], backend)
+
+
+def test_logical_and_bitwise(backend):
+    def fn(p, q, i, j):
+        return (
+            torch.logical_and(p, q),
+            torch.logical_or(p, q),
+            torch.logical_xor(p, q),
+            i & j,
+            i | j,
+            i ^ j,
+            ~i,
+            ~p,
+        )
+
+    ints = [rand(3, 5, dtype=torch.int32, low=-8, high=8) for _ in range(2)]
+    check(fn, [rand(3, 5, dtype=torch.bool), rand(3, 5, dtype=torch.bool), *ints], backend)
+
+
+def test_where_clamp_masked_fill(backend):
+    def fn(x, m, y):
+        return (
+            torch.where(m, x, y),
+            torch.where(x > 0, x, 0.0),
+            torch.clamp(x, -1.0, 0.5),
+            torch.clamp(x, min=0.2),
+            x.clamp(max=y),
+            x.masked_fill(m, -1e9),
+            F.hardtanh(x),
+        )
+
+    check(fn, [rand(4, 6), rand(4, 6, dtype=torch.bool), rand(6)], backend)
+
+
+CASTS = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool]
+
+
+@pytest.mark.parametrize("src", CASTS, ids=str)
+def test_casts(src, backend):
+    x = rand(3, 7, dtype=src, low=-5, high=5)
+    if src.is_floating_point:
+        x[0, 0] = 0.0
+    check(lambda x: tuple(x.to(d) for d in CASTS if d != src), [x], backend)
+
+
+def test_half_precision_arithmetic(backend):
+    def fn(a, b):
+        return torch.sigmoid(a * b + a), (a - b).exp()
+
+    for dtype in (torch.float16, torch.bfloat16):
+        torch._dynamo.reset()
+        check(fn, [rand(4, 8, dtype=dtype, low=-2, high=2), rand(8, dtype=dtype, low=-2, high=2)], backend)

@@ -1,0 +1,60 @@
+"""Matrix products: mm/bmm/addmm/linear/matmul with broadcasting, einsum contractions."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import check, rand
+
+# Products accumulate in a different order than torch's GEMM: allow a few ulps per term.
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+PRODUCTS = {
+    "mm": (lambda a, b: a @ b, [(5, 7), (7, 3)]),
+    "bmm": (lambda a, b: torch.bmm(a, b), [(2, 5, 7), (2, 7, 3)]),
+    "matmul_broadcast": (lambda a, b: torch.matmul(a, b), [(2, 1, 5, 7), (3, 7, 4)]),
+    "matmul_vec_mat": (lambda a, b: a @ b, [(7,), (7, 3)]),
+    "matmul_mat_vec": (lambda a, b: a @ b, [(5, 7), (7,)]),
+    "matmul_batched_vec": (lambda a, b: a @ b, [(2, 5, 7), (7,)]),
+    "dot": (lambda a, b: torch.dot(a, b), [(9,), (9,)]),
+    "matmul_3d_2d": (lambda a, b: a @ b, [(2, 5, 7), (7, 3)]),
+    "transposed": (lambda a, b: a.t() @ b.transpose(0, 1), [(7, 5), (3, 7)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+def test_products(name, backend):
+    fn, shapes = PRODUCTS[name]
+    check(fn, [rand(*s) for s in shapes], backend, **TOL, new_inputs=[rand(*s) for s in shapes])
+
+
+def test_addmm_and_baddbmm(backend):
+    def fn(bias, a, b, c, d):
+        return torch.addmm(bias, a, b, beta=0.5, alpha=2.0), torch.baddbmm(c, c, d)
+
+    check(fn, [rand(3), rand(4, 5), rand(5, 3), rand(2, 4, 4), rand(2, 4, 4)], backend, **TOL)
+
+
+def test_linear_with_and_without_bias(backend):
+    w, b = rand(6, 8), rand(6)
+    check(lambda x: (F.linear(x, w, b), F.linear(x, w)), [rand(2, 3, 8)], backend, **TOL)
+
+
+EINSUMS = {
+    "bij,bjk->bik": [(2, 3, 4), (2, 4, 5)],
+    "ij,kj->ik": [(3, 4), (5, 4)],
+    "bhqd,bhkd->bhqk": [(2, 3, 4, 8), (2, 3, 5, 8)],
+    "i,i->": [(6,), (6,)],
+    "ij->ji": [(3, 4)],
+}
+
+
+@pytest.mark.parametrize("eq", sorted(EINSUMS))
+def test_einsum(eq, backend):
+    check(lambda *xs: torch.einsum(eq, *xs), [rand(*s) for s in EINSUMS[eq]], backend, **TOL)
+
+
+def test_f16_and_f64_matmul(backend):
+    check(lambda a, b: a @ b, [rand(4, 16, dtype=torch.float64), rand(16, 3, dtype=torch.float64)], backend)
+    torch._dynamo.reset()
+    a, b = rand(4, 16, dtype=torch.float16, low=-1, high=1), rand(16, 3, dtype=torch.float16, low=-1, high=1)
+    check(lambda a, b: a @ b, [a, b], backend, rtol=2e-3, atol=2e-3)

@@ -1,0 +1,73 @@
+"""layer_norm, rms_norm and scaled_dot_product_attention (causal, boolean and additive
+masks, explicit scale, grouped-query heads)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import check, rand
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def test_layer_norm(backend):
+    w, b = rand(6), rand(6)
+    check(
+        lambda x: (F.layer_norm(x, (6,), w, b), F.layer_norm(x, (6,)), F.layer_norm(x, (4, 6))),
+        [rand(3, 4, 6) * 50 + 100],  # a large mean must not cost precision
+        backend,
+        **TOL,
+    )
+
+
+def test_rms_norm(backend):
+    w = rand(8)
+    check(
+        lambda x: (F.rms_norm(x, (8,), w, 1e-6), F.rms_norm(x, (8,))),
+        [rand(2, 5, 8) * 100],
+        backend,
+        **TOL,
+    )
+
+
+def test_layer_norm_module_noncontiguous(backend):
+    ln = torch.nn.LayerNorm(5)
+    check(lambda x: ln(x.transpose(1, 2)), [rand(2, 5, 3)], backend, **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa(causal, backend):
+    q, k, v = rand(2, 3, 5, 8), rand(2, 3, 5, 8), rand(2, 3, 5, 8)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], backend, **TOL)
+
+
+def test_sdpa_masks_and_scale(backend):
+    q, k, v = rand(2, 2, 4, 8), rand(2, 2, 6, 8), rand(2, 2, 6, 3)
+    keep = torch.rand(4, 6) > 0.3
+    keep[:, 0] = True  # no fully masked rows
+    bias = rand(2, 1, 4, 6)
+
+    def fn(q, k, v):
+        return (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+            F.scaled_dot_product_attention(q, k, v, scale=0.3),
+        )
+
+    check(fn, [q, k, v], backend, **TOL)
+
+
+def test_sdpa_grouped_query(backend):
+    q, k, v = rand(1, 8, 5, 16), rand(1, 2, 5, 16), rand(1, 2, 5, 16)
+    check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        [q, k, v],
+        backend,
+        **TOL,
+    )
+
+
+def test_batch_norm_eval(backend):
+    bn = torch.nn.BatchNorm1d(4).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    check(bn, [rand(3, 4, 5)], backend, **TOL)

@@ -1,0 +1,65 @@
+"""Reductions with keepdim and several axes, values and indices, var/std, softmax."""
+
+import pytest
+import torch
+from conftest import check, rand
+
+REDUCTIONS = {
+    "sum_all": lambda x: x.sum(),
+    "sum_axes_keepdim": lambda x: x.sum(dim=(0, 2), keepdim=True),
+    "mean_neg_axis": lambda x: x.mean(-1),
+    "mean_axes": lambda x: x.mean(dim=(1, 2), keepdim=True),
+    "prod": lambda x: x.prod(dim=1),
+    "amax": lambda x: x.amax(dim=(0, 1)),
+    "amin_keepdim": lambda x: x.amin(dim=2, keepdim=True),
+    "max_all": lambda x: x.max(),
+    "min_all": lambda x: x.min(),
+    "max_dim": lambda x: x.max(dim=1),
+    "min_dim_keepdim": lambda x: x.min(dim=-1, keepdim=True),
+    "argmax": lambda x: x.argmax(dim=2),
+    "argmin_keepdim": lambda x: x.argmin(dim=0, keepdim=True),
+    "argmax_flat": lambda x: x.argmax(),
+    "var": lambda x: x.var(dim=1),
+    "var_unbiased_false": lambda x: x.var(dim=(0, 2), unbiased=False, keepdim=True),
+    "std": lambda x: x.std(dim=-1),
+    "std_correction": lambda x: torch.std(x, dim=1, correction=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction(name, backend):
+    x = rand(3, 5, 7, low=-2, high=2)
+    check(REDUCTIONS[name], [x], backend, rtol=1e-5, new_inputs=[rand(3, 5, 7)])
+
+
+def test_reduction_of_ints_and_bools(backend):
+    def fn(i, b):
+        return i.sum(dim=1), b.sum(), i.amax(dim=0), b.any(dim=1), b.all(), i.prod()
+
+    check(fn, [rand(4, 5, dtype=torch.int32, low=-3, high=3), rand(4, 5, dtype=torch.bool)], backend)
+
+
+def test_reduction_of_noncontiguous(backend):
+    check(lambda x: (x.transpose(0, 2).sum(dim=1), x[:, ::2].amax(dim=-1)), [rand(4, 6, 5)], backend)
+
+
+def test_argmax_ties_pick_first(backend):
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    check(lambda x: (x.argmax(dim=1), x.argmin(dim=1), x.max(dim=1)), [x], backend)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_and_log_softmax(dim, backend):
+    x = rand(4, 5, 6) * 30  # large magnitudes: the max must be subtracted
+    check(lambda x: (torch.softmax(x, dim), torch.log_softmax(x, dim)), [x], backend, rtol=1e-5)
+
+
+def test_softmax_large_values_and_f16(backend):
+    x = torch.tensor([[1000.0, 1001.0, 999.0], [-1e4, 0.0, 1e4]])
+    check(lambda x: torch.softmax(x, -1), [x], backend)
+    torch._dynamo.reset()
+    check(lambda x: torch.softmax(x, -1), [rand(3, 8, dtype=torch.float16)], backend)
+
+
+def test_cumsum(backend):
+    check(lambda x, i: (x.cumsum(1), i.cumsum(0)), [rand(3, 6), rand(5, dtype=torch.int32)], backend, rtol=1e-5)
