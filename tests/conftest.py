@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ember
 import pytest
 import torch
-
-import ember
 from ember.backend import programs_compiled
 
 BACKENDS = ["cpu", "reference"]
@@ -69,7 +68,7 @@ def check(
             expected = model(*_clone(args))
             got = compiled(*args)
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
-        for a, p in zip(args, pristine):
+        for a, p in zip(args, pristine, strict=True):
             if isinstance(a, torch.Tensor):
                 assert torch.equal(a, p) or (a.isnan() == p.isnan()).all(), "input modified"
     assert programs_compiled() > before, "Ember did not compile this graph"

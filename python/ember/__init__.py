@@ -1,8 +1,8 @@
 """Ember: a compiler that makes PyTorch models run faster for inference.
 
-    fast = torch.compile(model, backend="ember")
-    fast = ember.compile(model, *example_inputs)
-    fast = ember.compile_pt2("model.pt2")
+fast = torch.compile(model, backend="ember")
+fast = ember.compile(model, *example_inputs)
+fast = ember.compile_pt2("model.pt2")
 """
 
 from ember._core import __version__

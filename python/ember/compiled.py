@@ -100,7 +100,7 @@ class CompiledModel:
                 raise InputError(f"input {i} must be a dense strided tensor")
             views.append((t.data_ptr(), dtype_name(t.dtype), list(t.shape), list(t.stride())))
         shapes = self._exe.output_shapes([v[2] for v in views])
-        outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self._output_dtypes)]
+        outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
         self._exe.run(views, [(o.data_ptr(), dtype_name(o.dtype), list(o.shape)) for o in outs])
         return outs
 

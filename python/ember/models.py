@@ -138,15 +138,13 @@ class LlamaDecodeStep(nn.Module):
 
 def llama_cache(cfg: LlamaConfig, batch: int, length: int) -> list[torch.Tensor]:
     head_dim = cfg.dim // cfg.heads
-    return [
-        torch.randn(batch, cfg.kv_heads, length, head_dim) * 0.5 for _ in range(2 * cfg.layers)
-    ]
+    return [torch.randn(batch, cfg.kv_heads, length, head_dim) * 0.5 for _ in range(2 * cfg.layers)]
 
 
 class MLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...] = (256, 1024, 1024, 256)) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, layer in enumerate(self.layers):

@@ -30,7 +30,9 @@ class Options:
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
-            raise ValueError(f"ember option backend={self.backend!r}; valid: {', '.join(_BACKENDS)}")
+            raise ValueError(
+                f"ember option backend={self.backend!r}; valid: {', '.join(_BACKENDS)}"
+            )
         if self.fallback not in _FALLBACKS:
             raise ValueError(
                 f"ember option fallback={self.fallback!r}; valid: {', '.join(_FALLBACKS)}"

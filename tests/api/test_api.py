@@ -5,11 +5,10 @@ import threading
 import warnings
 import zipfile
 
+import ember
 import pytest
 import torch
 from conftest import Fn, check, rand
-
-import ember
 
 
 @torch.library.custom_op("ember_test::mystery", mutates_args=())
@@ -130,7 +129,7 @@ def test_compile_pt2_rejects_escaping_paths_and_garbage(tmp_path):
     with pytest.raises(ember.CompileError, match="cannot open"):
         ember.compile_pt2(tmp_path / "missing.pt2")
     empty = tmp_path / "empty.pt2"
-    empty.write_bytes(_archive_with({"m/models/model.json": "{\"graph_module\": 3}"}))
+    empty.write_bytes(_archive_with({"m/models/model.json": '{"graph_module": 3}'}))
     with pytest.raises(ember.CompileError):
         ember.compile_pt2(empty)
 
@@ -152,12 +151,14 @@ def test_concurrent_calls_from_threads():
         t.start()
     for t in threads:
         t.join()
-    for got, want in zip(results, expected):
+    for got, want in zip(results, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_gather_index_out_of_range_is_an_error_not_a_crash():
-    fast = ember.compile(Fn(lambda x, i: torch.gather(x, 1, i)), rand(2, 3), torch.zeros(2, 2, dtype=torch.int64))
+    fast = ember.compile(
+        Fn(lambda x, i: torch.gather(x, 1, i)), rand(2, 3), torch.zeros(2, 2, dtype=torch.int64)
+    )
     with pytest.raises(ember.EmberError, match="index"):
         fast(rand(2, 3), torch.tensor([[0, 7], [1, 1]]))
 

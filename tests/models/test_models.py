@@ -2,7 +2,6 @@
 
 import torch
 from conftest import check, rand
-
 from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
 from ember.models import Block as LlamaBlock
 

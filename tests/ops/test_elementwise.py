@@ -74,7 +74,9 @@ BINARY = {
 
 @pytest.mark.parametrize("name", sorted(BINARY))
 def test_binary_broadcast(name, backend):
-    check(BINARY[name], [rand(4, 1, 5), rand(3, 1)], backend, new_inputs=[rand(4, 1, 5), rand(3, 1)])
+    check(
+        BINARY[name], [rand(4, 1, 5), rand(3, 1)], backend, new_inputs=[rand(4, 1, 5), rand(3, 1)]
+    )
 
 
 def test_pow(backend):
@@ -115,7 +117,9 @@ def test_floor_and_trunc_division(dtype, backend):
 
 
 def test_true_division_of_ints_is_float(backend):
-    check(lambda a, b: a / b, [rand(6, dtype=torch.int64), rand(6, dtype=torch.int64, low=1)], backend)
+    check(
+        lambda a, b: a / b, [rand(6, dtype=torch.int64), rand(6, dtype=torch.int64, low=1)], backend
+    )
 
 
 COMPARE = {
@@ -167,7 +171,15 @@ def test_where_clamp_masked_fill(backend):
     check(fn, [rand(4, 6), rand(4, 6, dtype=torch.bool), rand(6)], backend)
 
 
-CASTS = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool]
+CASTS = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+]
 
 
 @pytest.mark.parametrize("src", CASTS, ids=str)
@@ -184,4 +196,8 @@ def test_half_precision_arithmetic(backend):
 
     for dtype in (torch.float16, torch.bfloat16):
         torch._dynamo.reset()
-        check(fn, [rand(4, 8, dtype=dtype, low=-2, high=2), rand(8, dtype=dtype, low=-2, high=2)], backend)
+        check(
+            fn,
+            [rand(4, 8, dtype=dtype, low=-2, high=2), rand(8, dtype=dtype, low=-2, high=2)],
+            backend,
+        )

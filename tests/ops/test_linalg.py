@@ -54,7 +54,14 @@ def test_einsum(eq, backend):
 
 
 def test_f16_and_f64_matmul(backend):
-    check(lambda a, b: a @ b, [rand(4, 16, dtype=torch.float64), rand(16, 3, dtype=torch.float64)], backend)
+    check(
+        lambda a, b: a @ b,
+        [rand(4, 16, dtype=torch.float64), rand(16, 3, dtype=torch.float64)],
+        backend,
+    )
     torch._dynamo.reset()
-    a, b = rand(4, 16, dtype=torch.float16, low=-1, high=1), rand(16, 3, dtype=torch.float16, low=-1, high=1)
+    a, b = (
+        rand(4, 16, dtype=torch.float16, low=-1, high=1),
+        rand(16, 3, dtype=torch.float16, low=-1, high=1),
+    )
     check(lambda a, b: a @ b, [a, b], backend, rtol=2e-3, atol=2e-3)

@@ -37,7 +37,12 @@ def test_layer_norm_module_noncontiguous(backend):
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa(causal, backend):
     q, k, v = rand(2, 3, 5, 8), rand(2, 3, 5, 8), rand(2, 3, 5, 8)
-    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v], backend, **TOL)
+    check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        [q, k, v],
+        backend,
+        **TOL,
+    )
 
 
 def test_sdpa_masks_and_scale(backend):

@@ -36,11 +36,15 @@ def test_reduction_of_ints_and_bools(backend):
     def fn(i, b):
         return i.sum(dim=1), b.sum(), i.amax(dim=0), b.any(dim=1), b.all(), i.prod()
 
-    check(fn, [rand(4, 5, dtype=torch.int32, low=-3, high=3), rand(4, 5, dtype=torch.bool)], backend)
+    check(
+        fn, [rand(4, 5, dtype=torch.int32, low=-3, high=3), rand(4, 5, dtype=torch.bool)], backend
+    )
 
 
 def test_reduction_of_noncontiguous(backend):
-    check(lambda x: (x.transpose(0, 2).sum(dim=1), x[:, ::2].amax(dim=-1)), [rand(4, 6, 5)], backend)
+    check(
+        lambda x: (x.transpose(0, 2).sum(dim=1), x[:, ::2].amax(dim=-1)), [rand(4, 6, 5)], backend
+    )
 
 
 def test_argmax_ties_pick_first(backend):
@@ -62,4 +66,9 @@ def test_softmax_large_values_and_f16(backend):
 
 
 def test_cumsum(backend):
-    check(lambda x, i: (x.cumsum(1), i.cumsum(0)), [rand(3, 6), rand(5, dtype=torch.int32)], backend, rtol=1e-5)
+    check(
+        lambda x, i: (x.cumsum(1), i.cumsum(0)),
+        [rand(3, 6), rand(5, dtype=torch.int32)],
+        backend,
+        rtol=1e-5,
+    )

@@ -7,6 +7,8 @@ mod archive;
 mod args;
 mod ops;
 mod sym_expr;
+#[cfg(test)]
+mod tests;
 mod translate;
 
 pub use archive::Source;

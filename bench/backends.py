@@ -1,0 +1,112 @@
+"""The compared backends. Each one turns (model, inputs) into a zero-argument callable that
+runs the model once on those inputs and returns its outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A ready-to-time backend: ``call()`` runs the model once; ``note`` goes into the report."""
+
+    call: Callable[[], Any]
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    prepare: Callable[[nn.Module, tuple[torch.Tensor, ...], int], Prepared]
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    """The output tensors in pytree order (ONNX Runtime's list of arrays becomes tensors)."""
+    leaves = pytree.tree_leaves(out)
+    return [torch.from_numpy(np.asarray(x)) if not torch.is_tensor(x) else x for x in leaves]
+
+
+def _eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+    return Prepared(lambda: model(*inputs))
+
+
+def _ember(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+    import ember
+
+    compiled = ember.compile(model, *inputs, num_threads=threads)
+    return Prepared(lambda: compiled(*inputs))
+
+
+def _inductor(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+    # Inductor compiles on the first call (the runner times that call as setup); its C++
+    # kernels use torch's thread count at compile time, which the runner has already set.
+    compiled = torch.compile(model)
+    return Prepared(lambda: compiled(*inputs))
+
+
+def _export_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], path: str) -> str:
+    """Exports with the dynamo exporter, or the legacy TorchScript one if that fails; returns
+    which exporter was used (and why the first one failed)."""
+    sink = io.StringIO()  # the exporters print progress; keep the benchmark log readable
+    try:
+        with contextlib.redirect_stdout(sink):
+            torch.onnx.export(model, inputs, path, dynamo=True)
+        return "dynamo exporter"
+    except Exception as dynamo_error:
+        reason = f"{type(dynamo_error).__name__}: {first_line(str(dynamo_error))}"
+        try:
+            with contextlib.redirect_stdout(sink):
+                torch.onnx.export(model, inputs, path, dynamo=False)
+        except Exception as legacy_error:
+            raise RuntimeError(
+                f"ONNX export failed (dynamo: {reason}; legacy: "
+                f"{type(legacy_error).__name__}: {first_line(str(legacy_error))})"
+            ) from legacy_error
+        return f"legacy exporter (dynamo exporter failed: {reason})"
+
+
+def _onnxruntime(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        exporter = _export_onnx(model, inputs, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):
+        raise RuntimeError(f"the ONNX model takes {len(names)} inputs, the model {len(inputs)}")
+    feed = {name: x.detach().contiguous().numpy() for name, x in zip(names, inputs, strict=True)}
+    return Prepared(lambda: session.run(None, feed), note=exporter)
+
+
+EAGER = Backend("eager", _eager)
+EMBER = Backend("Ember", _ember)
+INDUCTOR = Backend("Inductor", _inductor)
+ORT = Backend("ORT", _onnxruntime)
+
+
+def backends(inductor: bool = True) -> Sequence[Backend]:
+    """The backends in report order; eager comes first (it is the reference)."""
+    return (EAGER, EMBER, INDUCTOR, ORT) if inductor else (EAGER, EMBER, ORT)
+
+
+def first_line(text: str, limit: int = 240) -> str:
+    """The first non-empty line of an error message, shortened for a table cell."""
+    line = next((s.strip() for s in text.splitlines() if s.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,0 +1,86 @@
+"""The benchmarked models: each case builds a model in eval mode and its example inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
+from torch import nn
+
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A benchmark case: a name for ``--models``, a description for the report and a builder."""
+
+    name: str
+    title: str
+    description: str
+    build: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+
+    def make(self) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        """The model (eval mode, no gradients) and its inputs, built from a fixed seed."""
+        torch.manual_seed(SEED)
+        model, inputs = self.build()
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model, inputs
+
+
+def _mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    model = MLP()
+    return model, (torch.randn(32, model.layers[0].in_features),)
+
+
+def _prefill() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    cfg = LlamaConfig()
+    return Llama(cfg), (torch.randint(0, cfg.vocab, (1, 64)),)
+
+
+def _decode() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    cfg = LlamaConfig()
+    model = LlamaDecodeStep(Llama(cfg))
+    token = torch.randint(0, cfg.vocab, (1, 1))
+    return model, (token, *llama_cache(cfg, 1, 128))
+
+
+def _chain() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return NormChain(512), (torch.randn(64, 512),)
+
+
+_cfg = LlamaConfig()
+_llama = (
+    f"{_cfg.layers} layers, dim {_cfg.dim}, {_cfg.heads} heads / {_cfg.kv_heads} KV heads, "
+    f"SwiGLU hidden {_cfg.hidden}, vocab {_cfg.vocab}"
+)
+
+CASES: dict[str, Case] = {
+    case.name: case
+    for case in (
+        Case("mlp", "MLP", "`ember.models.MLP()` (256→1024→1024→256, GELU), input [32, 256]", _mlp),
+        Case(
+            "prefill",
+            "Llama prefill",
+            f"`ember.models.Llama()` ({_llama}), one prompt of 64 tokens → logits [1, 64, 512]",
+            _prefill,
+        ),
+        Case(
+            "decode",
+            "Llama decode step",
+            f"`LlamaDecodeStep(Llama())` ({_llama}): one token with a KV cache of 128 positions "
+            "(`llama_cache(cfg, 1, 128)`) → logits and the grown caches",
+            _decode,
+        ),
+        Case(
+            "chain",
+            "Elementwise/norm chain",
+            "`ember.models.NormChain(512)` (layer norm, scale-shift, GELU, residual, softmax, "
+            "sigmoid·tanh), input [64, 512]",
+            _chain,
+        ),
+    )
+}
