@@ -53,6 +53,15 @@ def _bind_weights(weights: dict[str, torch.Tensor], specs: Sequence[tuple[str, s
     return bound, keep
 
 
+def _output_kind(spec: Any) -> str:
+    """How outputs are returned: "single" tensor, flat "tuple", or a pytree "spec"."""
+    if spec is None or spec.is_leaf():
+        return "single"
+    if spec.type is tuple and all(spec.child(i).is_leaf() for i in range(spec.num_children)):
+        return "tuple"
+    return "spec"
+
+
 class CompiledModel:
     """A model compiled by Ember. Call it like the original model."""
 
@@ -68,8 +77,10 @@ class CompiledModel:
         self._program = program
         self._exe = _core.compile(program, backend, bound, num_threads)
         self._out_spec = out_spec
+        self._out_kind = _output_kind(out_spec)
         self._input_dtypes = program.input_dtypes
-        self._output_dtypes = [_NAME_TO_TORCH[d] for d in program.output_dtypes]
+        self._output_names = program.output_dtypes
+        self._output_dtypes = [_NAME_TO_TORCH[d] for d in self._output_names]
 
     @property
     def input_names(self) -> list[str]:
@@ -94,19 +105,28 @@ class CompiledModel:
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {i} ({self.input_names[i]!r}) must be a tensor")
-            if t.device.type != "cpu":
-                raise InputError(f"input {i} is on {t.device}; this program runs on the cpu")
-            if t.is_sparse or t.is_quantized or t.layout != torch.strided:
-                raise InputError(f"input {i} must be a dense strided tensor")
-            views.append((t.data_ptr(), dtype_name(t.dtype), list(t.shape), list(t.stride())))
+            if not t.is_cpu or t.layout is not torch.strided:
+                raise InputError(
+                    f"input {i} is a {t.layout} tensor on {t.device}; this program runs on "
+                    "dense (strided) cpu tensors"
+                )
+            name = _TORCH_TO_NAME.get(t.dtype) or dtype_name(t.dtype)
+            views.append((t.data_ptr(), name, t.shape, t.stride()))
         shapes = self._exe.output_shapes([v[2] for v in views])
         outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
-        self._exe.run(views, [(o.data_ptr(), dtype_name(o.dtype), list(o.shape)) for o in outs])
+        names = self._output_names
+        self._exe.run(
+            views, [(o.data_ptr(), n, s) for o, n, s in zip(outs, names, shapes, strict=True)]
+        )
         return outs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        outs = self.run_flat(flat)
-        if self._out_spec is None:
-            return outs[0] if len(outs) == 1 else tuple(outs)
+        # Flat tensor arguments (the common case) skip pytree, which costs tens of µs.
+        if kwargs or not all(type(a) is torch.Tensor for a in args):
+            args = tuple(pytree.tree_leaves((args, kwargs)))
+        outs = self.run_flat([a for a in args if isinstance(a, torch.Tensor)])
+        if self._out_kind == "single":
+            return outs[0]
+        if self._out_kind == "tuple":
+            return tuple(outs)
         return pytree.tree_unflatten(outs, self._out_spec)

@@ -175,3 +175,20 @@ def test_graph_break_still_correct():
 def test_ir_is_printable():
     fast = ember.compile(torch.nn.Linear(2, 2), rand(1, 2))
     assert "dot" in fast.ir()
+
+
+def test_new_input_shapes_compile_again_correctly():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh())
+    compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
+    with torch.no_grad():
+        for rows in (2, 7, 2, 1):
+            x = rand(rows, 5)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_backend_agrees_with_cpu_backend():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(), torch.nn.LayerNorm(8))
+    x = rand(3, 8)
+    fast = ember.compile(model, x)
+    ref = ember.compile(model, x, backend="reference")
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-6)

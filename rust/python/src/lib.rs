@@ -176,7 +176,10 @@ fn load_pt2(
 
 fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
     match name {
-        "cpu" => Ok(Box::new(ember_cpu::CpuBackend::new(num_threads))),
+        // Starting a thread pool can fail (and panic) when the OS refuses threads.
+        "cpu" => {
+            guard(|| Ok(Box::new(ember_cpu::CpuBackend::new(num_threads)) as Box<dyn Backend>))
+        }
         "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
         other => Err(CompileError::new_err(format!(
             "unknown backend '{other}'; available: cpu, reference"

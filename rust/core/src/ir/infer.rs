@@ -22,6 +22,12 @@ fn arity(op: &Op, inputs: &[&TensorType], n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The one input of a unary op.
+fn single_input<'a>(op: &Op, inputs: &[&'a TensorType]) -> Result<&'a TensorType> {
+    arity(op, inputs, 1)?;
+    Ok(inputs[0])
+}
+
 /// Two dims must agree; unknown (symbolic) equality is left to the run-time check.
 fn same_dim(a: &Dim, b: &Dim, what: &str) -> Result<()> {
     if a.provably_equal(b) == Some(false) {
@@ -102,8 +108,7 @@ pub fn infer_type(
             ty
         }
         Op::Unary(u) => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             if u.needs_float() && !x.dtype.is_float() {
                 return Err(Error::Compile(format!(
                     "{} needs a float input, got {}",
@@ -159,17 +164,13 @@ pub fn infer_type(
             same_shape(&a.shape, &b.shape, "where")?;
             a.clone()
         }
-        Op::Cast { to } => {
-            arity(op, inputs, 1)?;
-            TensorType::new(*to, first.unwrap().shape.clone())
-        }
+        Op::Cast { to } => TensorType::new(*to, single_input(op, inputs)?.shape.clone()),
         Op::Reduce {
             op: r,
             axes,
             keepdim,
         } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             if axes.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(Error::Compile(format!(
                     "reduce axes must be sorted: {axes:?}"
@@ -220,14 +221,12 @@ pub fn infer_type(
             TensorType::new(a.dtype, shape)
         }
         Op::Reshape { shape } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             same_dim(&numel(&x.shape), &numel(shape), "reshape element count")?;
             TensorType::new(x.dtype, shape.clone())
         }
         Op::Permute { perm } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             let mut seen = vec![false; x.rank()];
             if perm.len() != x.rank() {
                 return shape_err(format!("permute {perm:?} for rank {}", x.rank()));
@@ -241,8 +240,7 @@ pub fn infer_type(
             TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p].clone()).collect())
         }
         Op::Expand { shape } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             if shape.len() != x.rank() {
                 return shape_err(format!(
                     "expand {} to {} changes rank",
@@ -263,8 +261,7 @@ pub fn infer_type(
             end,
             step,
         } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             check_axis(*axis, x.rank(), op)?;
             if *step < 1 {
                 return shape_err(format!("slice step must be ≥ 1, got {step}"));
@@ -287,16 +284,14 @@ pub fn infer_type(
             TensorType::new(x.dtype, shape)
         }
         Op::Flip { axes } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             for &a in axes {
                 check_axis(a, x.rank(), op)?;
             }
             x.clone()
         }
         Op::Pad { pads, .. } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             if pads.len() != x.rank() || pads.iter().any(|&(a, b)| a < 0 || b < 0) {
                 return shape_err(format!("pad {pads:?} for rank {}", x.rank()));
             }
@@ -363,8 +358,7 @@ pub fn infer_type(
             TensorType::new(x.dtype, shape)
         }
         Op::Cumsum { axis } | Op::Softmax { axis, .. } => {
-            arity(op, inputs, 1)?;
-            let x = first.unwrap();
+            let x = single_input(op, inputs)?;
             check_axis(*axis, x.rank(), op)?;
             if matches!(op, Op::Softmax { .. }) && !x.dtype.is_float() {
                 return Err(Error::Compile("softmax needs a float input".into()));

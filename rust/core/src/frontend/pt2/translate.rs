@@ -185,7 +185,7 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
     for spec in as_array(field(signature, &["input_specs"])?, "input_specs")? {
         let (kind, graph_name, fqn) = if let Some(n) = spec_name(spec, "user_input") {
             ("user_input", n.clone(), n)
-        } else if spec.get("user_input").is_some() {
+        } else if spec.get("user_input").is_some() || spec.get("constant_input").is_some() {
             // A non-tensor input (an int or None) that the export specialized into the graph.
             continue;
         } else if let Some(n) = spec_name(spec, "parameter") {
