@@ -12,6 +12,7 @@ use ember_core::tensor::Storage as HostStorage;
 use ember_core::{Error, Result};
 
 use crate::buffer::Val;
+use crate::fuse::Fusion;
 use crate::kernels::movement::{bind_bytes, scalar};
 
 /// Signatures kept before the cache is cleared (bounds memory under many dynamic shapes).
@@ -22,12 +23,22 @@ pub struct Plan {
     pub shapes: Vec<Vec<usize>>,
     /// (start, end) of every `Slice` node (zeros elsewhere).
     pub slices: Vec<(i64, i64)>,
+    /// Little enough work that handing it to the thread pool would cost more than it saves
+    /// (a pool hand-off is tens of microseconds): run on the caller's thread.
+    pub inline: bool,
 }
+
+/// Elements (or multiply-adds, for `Dot`) below which a call runs on the caller's thread.
+const INLINE_WORK: usize = 1 << 15;
 
 pub struct Program {
     pub graph: Graph,
     /// Values known at compile time: weights, constants, and the scalar of each `Full`.
     pub bound: Vec<Option<Val>>,
+    /// Fused groups and each node's role in them.
+    pub fusion: Fusion,
+    /// The values each node reads when the executor runs it.
+    pub reads: Vec<Vec<usize>>,
     /// The last node reading each value; `usize::MAX` for graph outputs.
     pub last_use: Vec<usize>,
     /// Owned weight bytes we point into, kept alive with the program.
@@ -44,7 +55,7 @@ fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Erro
 }
 
 impl Program {
-    pub fn new(graph: &Graph, weights: &Weights) -> Result<Program> {
+    pub fn new(graph: &Graph, weights: &Weights, fuse: bool) -> Result<Program> {
         let graph = graph.clone();
         let mut bound = Vec::with_capacity(graph.nodes.len());
         let mut keep = Vec::new();
@@ -86,24 +97,34 @@ impl Program {
             };
             bound.push(val);
         }
-        let mut last_use = vec![0; graph.nodes.len()];
         for (id, node) in graph.nodes.iter().enumerate() {
-            for &i in &node.inputs {
-                if i >= id {
-                    return Err(compile_err(node, "graph is not in topological order"));
-                }
-                last_use[i] = id;
+            if node.inputs.iter().any(|&i| i >= id) {
+                return Err(compile_err(node, "graph is not in topological order"));
             }
         }
         for &o in &graph.outputs {
             if o >= graph.nodes.len() {
                 return Err(Error::Compile(format!("output %{o} does not exist")));
             }
+        }
+        let fusion = Fusion::plan(&graph, fuse);
+        let reads: Vec<Vec<usize>> = (0..graph.nodes.len())
+            .map(|id| fusion.reads(&graph, id))
+            .collect();
+        let mut last_use = vec![0; graph.nodes.len()];
+        for (id, r) in reads.iter().enumerate() {
+            for &i in r {
+                last_use[i] = id;
+            }
+        }
+        for &o in &graph.outputs {
             last_use[o] = usize::MAX;
         }
         Ok(Program {
             graph,
             bound,
+            fusion,
+            reads,
             last_use,
             _keep: keep,
             plans: Mutex::new(HashMap::new()),
@@ -122,9 +143,24 @@ impl Program {
                 slices[id] = (resolved.dim(start)?, resolved.dim(end)?);
             }
         }
+        let work: usize = self
+            .graph
+            .nodes
+            .iter()
+            .zip(&resolved.shapes)
+            .map(|(node, shape)| {
+                let n: usize = shape.iter().product();
+                match (&node.op, node.inputs.first()) {
+                    // M·N outputs, K multiply-adds each.
+                    (Op::Dot, Some(&a)) => n * resolved.shapes[a].last().copied().unwrap_or(1),
+                    _ => n,
+                }
+            })
+            .fold(0usize, usize::saturating_add);
         let plan = Arc::new(Plan {
             shapes: resolved.shapes,
             slices,
+            inline: work < INLINE_WORK,
         });
         let mut plans = self.lock();
         if plans.len() >= MAX_PLANS {

@@ -1,6 +1,7 @@
-//! Running a program: caller inputs become values (read in place), nodes run in order with
-//! per-call buffers freed after their last use, and outputs are written into the caller's
-//! contiguous buffers.
+//! Running a program: caller inputs become values (read in place), nodes (or fused groups)
+//! run in order, buffers go back to the call's arena after their last use for later nodes to
+//! reuse, and fresh results that are graph outputs are written straight into the caller's
+//! buffers (other outputs are copied there at the end).
 
 use std::sync::Arc;
 
@@ -9,10 +10,14 @@ use ember_core::ir::{Node, Op};
 use ember_core::tensor::{TensorOut, TensorView};
 use ember_core::{Error, Result};
 
+use crate::arena::Arena;
 use crate::buffer::{is_aligned, Layout, Storage, Val};
 use crate::compile::{Plan, Program};
 use crate::error::{CpuError, KResult};
-use crate::kernels::{attention, dot, elementwise as ew, index, movement as mv, norm, reduce};
+use crate::fuse::{dot_in_place, Role};
+use crate::kernels::{
+    attention, dot, elementwise as ew, fused, index, movement as mv, norm, reduce,
+};
 use crate::strided::map1;
 
 /// A caller's input as a value. The view's memory is trusted (the `run` contract); its
@@ -73,7 +78,10 @@ pub unsafe fn write_output(val: &Val, out: &TensorOut, k: usize) -> Result<()> {
         )));
     }
     let n = val.numel();
-    if n == 0 {
+    let written_in_place = std::ptr::eq(val.storage.ptr(), out.ptr)
+        && val.layout.offset == 0
+        && val.layout.is_contiguous();
+    if n == 0 || written_in_place {
         return Ok(());
     }
     let size = val.dtype.size();
@@ -96,17 +104,37 @@ pub unsafe fn write_output(val: &Val, out: &TensorOut, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs every node; returns the values of the graph's outputs.
-pub fn execute(prog: &Program, plan: &Plan, inputs: Vec<Val>, threads: usize) -> Result<Vec<Val>> {
+/// Runs every node; returns the values of the graph's outputs (some of them already written
+/// into `outputs`, which must be valid for writes and alias no input: `run`'s contract).
+pub fn execute(
+    prog: &Program,
+    plan: &Plan,
+    inputs: Vec<Val>,
+    outputs: &[TensorOut],
+    threads: usize,
+) -> Result<Vec<Val>> {
     let g = &prog.graph;
     let mut vals: Vec<Option<Val>> = vec![None; g.nodes.len()];
     let mut inputs: Vec<Option<Val>> = inputs.into_iter().map(Some).collect();
+    // The caller buffer each output node may write into (its first place among the outputs).
+    let mut direct: Vec<Option<*mut u8>> = vec![None; g.nodes.len()];
+    for (out, &o) in outputs.iter().zip(&g.outputs).rev() {
+        direct[o] = Some(out.ptr);
+    }
+    let mut arena = Arena::default();
     for (id, node) in g.nodes.iter().enumerate() {
-        let val = match &node.op {
-            Op::Input { index } => inputs
+        let val = match (prog.fusion.role[id], &node.op) {
+            (Role::Member(_), _) => continue,
+            (_, Op::Input { index }) => inputs
                 .get_mut(*index)
                 .and_then(Option::take)
                 .ok_or_else(|| Error::Input(format!("input {index} is missing or used twice")))?,
+            (Role::Root(k), _) => run_group(prog, plan, k, &vals, direct[id], &mut arena, threads)
+                .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
+            (Role::Plain, Op::Dot) if dot_in_place(node.ty.dtype) => {
+                run_dot(plan, id, node, &vals, direct[id], &mut arena, threads)
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             _ => eval(prog, plan, id, node, &vals, threads)
                 .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
         };
@@ -121,9 +149,11 @@ pub fn execute(prog: &Program, plan: &Plan, inputs: Vec<Val>, threads: usize) ->
             .at_node(&node.op.name(), &node.origin));
         }
         vals[id] = Some(val);
-        for &i in &node.inputs {
+        for &i in &prog.reads[id] {
             if prog.last_use[i] == id {
-                vals[i] = None;
+                if let Some(v) = vals[i].take() {
+                    arena.give(v);
+                }
             }
         }
     }
@@ -135,6 +165,68 @@ pub fn execute(prog: &Program, plan: &Plan, inputs: Vec<Val>, threads: usize) ->
                 .ok_or_else(|| Error::Runtime(format!("output %{o} was freed")))
         })
         .collect()
+}
+
+fn value(vals: &[Option<Val>], i: usize) -> KResult<&Val> {
+    vals[i]
+        .as_ref()
+        .ok_or_else(|| CpuError::Internal(format!("value %{i} is gone")))
+}
+
+/// A fused group: its head's product first (into the output), then the blocked pass.
+fn run_group(
+    prog: &Program,
+    plan: &Plan,
+    k: usize,
+    vals: &[Option<Val>],
+    direct: Option<*mut u8>,
+    arena: &mut Arena,
+    threads: usize,
+) -> KResult<Val> {
+    let g = &prog.graph;
+    let grp = &prog.fusion.groups[k];
+    let root = grp.root;
+    let mut dest = arena.dest(g.nodes[root].ty.dtype, &plan.shapes[root], direct);
+    let head_leaf = grp.head.as_ref().map(|h| h.leaf);
+    let leaves = grp
+        .leaves
+        .iter()
+        .map(|&l| {
+            if Some(l) == head_leaf {
+                Ok(None)
+            } else {
+                value(vals, l).map(Some)
+            }
+        })
+        .collect::<KResult<Vec<_>>>()?;
+    let head = match &grp.head {
+        Some(h) => {
+            let d = &g.nodes[h.dot];
+            let (a, b) = (value(vals, d.inputs[0])?, value(vals, d.inputs[1])?);
+            dot::dot_into(a, b, &mut dest, threads)?;
+            Some(dest.peek()?)
+        }
+        None => None,
+    };
+    fused::run(g, grp, &leaves, head.as_ref(), &mut dest)?;
+    drop(head);
+    dest.finish()
+}
+
+/// A product written straight into its destination.
+fn run_dot(
+    plan: &Plan,
+    id: usize,
+    node: &Node,
+    vals: &[Option<Val>],
+    direct: Option<*mut u8>,
+    arena: &mut Arena,
+    threads: usize,
+) -> KResult<Val> {
+    let (a, b) = (value(vals, node.inputs[0])?, value(vals, node.inputs[1])?);
+    let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct);
+    dot::dot_into(a, b, &mut dest, threads)?;
+    dest.finish()
 }
 
 fn eval(

@@ -1,11 +1,13 @@
 //! Ember's CPU backend: runs IR graphs directly with typed, strided kernels (views cost no
 //! copy), `gemm` for matrix products, and a dedicated rayon pool for parallel work.
 
+mod arena;
 mod buffer;
 mod compile;
 mod elem;
 mod error;
 mod exec;
+mod fuse;
 mod kernels;
 mod strided;
 
@@ -21,8 +23,14 @@ pub use error::CpuError;
 use compile::Program;
 
 /// The CPU backend. `num_threads` sizes its thread pool (0: one per core).
+///
+/// Elementwise chains are fused into one blocked pass and `dot` + bias + activation into one
+/// GEMM with an epilogue, unless fusion is turned off with `with_fusion(false)` or the
+/// environment variable `EMBER_CPU_FUSE=0` (read when the backend is made); results are the
+/// same either way, bit for bit.
 pub struct CpuBackend {
     num_threads: usize,
+    fuse: bool,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -35,10 +43,22 @@ impl CpuBackend {
             .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
             .expect("cannot start even a one-thread pool");
         let num_threads = pool.current_num_threads();
+        let fuse = std::env::var("EMBER_CPU_FUSE").map_or(true, |v| v.trim() != "0");
         CpuBackend {
             num_threads,
+            fuse,
             pool: Arc::new(pool),
         }
+    }
+
+    /// Turns fusion of elementwise chains and GEMM epilogues on or off.
+    pub fn with_fusion(mut self, fuse: bool) -> CpuBackend {
+        self.fuse = fuse;
+        self
+    }
+
+    pub fn fusion(&self) -> bool {
+        self.fuse
     }
 
     pub fn num_threads(&self) -> usize {
@@ -59,7 +79,7 @@ impl Backend for CpuBackend {
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
         Ok(Box::new(CpuExecutable {
-            program: Program::new(graph, weights)?,
+            program: Program::new(graph, weights, self.fuse)?,
             pool: self.pool.clone(),
             threads: self.num_threads,
         }))
@@ -111,13 +131,18 @@ impl Executable for CpuExecutable {
                 )));
             }
         }
-        self.pool.install(|| {
-            let results = exec::execute(&self.program, &plan, vals, self.threads)?;
+        let work = || {
+            let results = exec::execute(&self.program, &plan, vals, outputs, self.threads)?;
             for (k, (val, out)) in results.iter().zip(outputs).enumerate() {
                 // SAFETY: run's contract makes every output writable and unaliased.
                 unsafe { exec::write_output(val, out, k)? };
             }
             Ok(())
-        })
+        };
+        if plan.inline {
+            work()
+        } else {
+            self.pool.install(work)
+        }
     }
 }

@@ -7,6 +7,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::elementwise::cast;
+use crate::arena::Dest;
 use crate::buffer::{Val, View};
 use crate::elem::{IntElem, B8};
 use crate::error::{CpuError, KResult};
@@ -150,32 +151,62 @@ pub fn dot(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
 }
 
 fn dot_gemm<T: GemmElem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
+    let (batch, m, _, n) = dims(a, b)?;
+    let mut shape = batch;
+    shape.extend([m, n]);
+    Val::build::<T>(a.dtype, &shape, |out| gemm_batched::<T>(a, b, out, threads))
+}
+
+/// `a · b` written into `dest` (contiguous, of the product's shape) for the dtypes gemm
+/// multiplies (f32, f64, f16); every element is overwritten.
+pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()> {
+    if a.dtype != b.dtype || a.dtype != dest.dtype {
+        return Err(CpuError::Shape(format!(
+            "dot of {} and {} into {}",
+            a.dtype, b.dtype, dest.dtype
+        )));
+    }
+    let (batch, m, _, n) = dims(a, b)?;
+    if dest.numel() != batch.iter().product::<usize>() * m * n {
+        return Err(CpuError::Shape(format!(
+            "dot into {:?} from {:?} and {:?}",
+            dest.shape,
+            a.shape(),
+            b.shape()
+        )));
+    }
+    match a.dtype {
+        DType::F32 => gemm_batched::<f32>(a, b, dest.slice()?, threads),
+        DType::F64 => gemm_batched::<f64>(a, b, dest.slice()?, threads),
+        DType::F16 => gemm_batched::<f16>(a, b, dest.slice()?, threads),
+        d => Err(CpuError::Internal(format!("dot into a buffer of {d}"))),
+    }
+}
+
+/// The batched product into `out` (contiguous `[B.., M, N]`).
+fn gemm_batched<T: GemmElem>(a: &Val, b: &Val, out: &mut [T], threads: usize) -> KResult<()> {
     let (batch, m, k, n) = dims(a, b)?;
     let r = batch.len();
     let (va, vb) = (a.view::<T>()?, b.view::<T>()?);
     let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
-    let mut shape = batch.clone();
-    shape.extend([m, n]);
-    Val::build::<T>(a.dtype, &shape, |out| {
-        if m * n == 0 {
-            return Ok(());
+    if m * n == 0 {
+        return Ok(());
+    }
+    let one = |o: &mut [T], &[oa, ob]: &[isize; 2], t: usize| {
+        let (ma, mb) = (Mat::of(&va, oa, r), Mat::of(&vb, ob, r));
+        // SAFETY: the matrices are batch slices of the checked views va and vb.
+        unsafe { gemm_into(o, n, (m, n, k), ma, mb, t) }
+    };
+    if offs.len() > 1 && m * n * k < GEMM_PAR_MIN * 4 {
+        out.par_chunks_mut(m * n)
+            .zip(offs.par_iter())
+            .for_each(|(o, off)| one(o, off, 1));
+    } else {
+        for (o, off) in out.chunks_mut(m * n).zip(&offs) {
+            one(o, off, threads);
         }
-        let one = |o: &mut [T], &[oa, ob]: &[isize; 2], t: usize| {
-            let (ma, mb) = (Mat::of(&va, oa, r), Mat::of(&vb, ob, r));
-            // SAFETY: the matrices are batch slices of the checked views va and vb.
-            unsafe { gemm_into(o, n, (m, n, k), ma, mb, t) }
-        };
-        if offs.len() > 1 && m * n * k < GEMM_PAR_MIN * 4 {
-            out.par_chunks_mut(m * n)
-                .zip(offs.par_iter())
-                .for_each(|(o, off)| one(o, off, 1));
-        } else {
-            for (o, off) in out.chunks_mut(m * n).zip(&offs) {
-                one(o, off, threads);
-            }
-        }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 fn dot_int<T: IntElem>(a: &Val, b: &Val) -> KResult<Val> {

@@ -1,5 +1,9 @@
-//! Elementwise ops: unary, binary, where and cast, on strided operands. f16/bf16 compute in
-//! f32 and round at the output; integers wrap; bool ops are logical.
+//! Elementwise ops: unary, binary, where and cast. f16/bf16 compute in f32 and round at the
+//! output; integers wrap; bool ops are logical.
+//!
+//! Each op is stated once, as a typed closure handed to an `Apply*` visitor: `OnVals` maps it
+//! over whole strided values (one op, one fresh buffer); the fused kernels (`fused.rs`) map
+//! the very same closure over blocks, so fused and unfused results agree bit for bit.
 
 use ember_core::dtype::DType;
 use ember_core::ir::{BinaryOp, UnaryOp};
@@ -10,42 +14,130 @@ use crate::elem::{Elem, FloatElem, IntElem, Real, B8};
 use crate::error::{CpuError, KResult};
 use crate::strided::{map1, map2, map3};
 
+/// Receives a one-operand elementwise op as a closure over stored element types.
+pub trait Apply1 {
+    type Out;
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync>(
+        self,
+        out: DType,
+        f: impl Fn(A) -> B + Sync,
+    ) -> KResult<Self::Out>;
+}
+
+/// Receives a two-operand elementwise op.
+pub trait Apply2 {
+    type Out;
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync, C: Copy + Send + Sync>(
+        self,
+        out: DType,
+        f: impl Fn(A, B) -> C + Sync,
+    ) -> KResult<Self::Out>;
+}
+
+/// Receives a three-operand elementwise op (`where`).
+pub trait Apply3 {
+    type Out;
+    fn apply<
+        A: Copy + Send + Sync,
+        B: Copy + Send + Sync,
+        C: Copy + Send + Sync,
+        D: Copy + Send + Sync,
+    >(
+        self,
+        out: DType,
+        f: impl Fn(A, B, C) -> D + Sync,
+    ) -> KResult<Self::Out>;
+}
+
+/// Maps an op over whole values into a fresh contiguous buffer.
+pub struct OnVals<'a, const N: usize>(pub [&'a Val; N]);
+
+impl Apply1 for OnVals<'_, 1> {
+    type Out = Val;
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync>(
+        self,
+        out: DType,
+        f: impl Fn(A) -> B + Sync,
+    ) -> KResult<Val> {
+        let [x] = self.0;
+        let v = x.view::<A>()?;
+        Val::build::<B>(out, x.shape(), |o| {
+            map1(&v, o, f);
+            Ok(())
+        })
+    }
+}
+
+impl Apply2 for OnVals<'_, 2> {
+    type Out = Val;
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync, C: Copy + Send + Sync>(
+        self,
+        out: DType,
+        f: impl Fn(A, B) -> C + Sync,
+    ) -> KResult<Val> {
+        let [a, b] = self.0;
+        let (x, y) = (a.view::<A>()?, b.view::<B>()?);
+        Val::build::<C>(out, a.shape(), |o| {
+            map2(&x, &y, o, f);
+            Ok(())
+        })
+    }
+}
+
+impl Apply3 for OnVals<'_, 3> {
+    type Out = Val;
+    fn apply<
+        A: Copy + Send + Sync,
+        B: Copy + Send + Sync,
+        C: Copy + Send + Sync,
+        D: Copy + Send + Sync,
+    >(
+        self,
+        out: DType,
+        f: impl Fn(A, B, C) -> D + Sync,
+    ) -> KResult<Val> {
+        let [c, a, b] = self.0;
+        let (x, y, z) = (c.view::<A>()?, a.view::<B>()?, b.view::<C>()?);
+        Val::build::<D>(out, a.shape(), |o| {
+            map3(&x, &y, &z, o, f);
+            Ok(())
+        })
+    }
+}
+
 fn unsupported(op: &str, dtype: DType) -> CpuError {
     CpuError::Unsupported(format!("{op} is not defined on {dtype}"))
 }
 
 pub fn unary(op: UnaryOp, x: &Val) -> KResult<Val> {
-    match x.dtype {
-        DType::F16 => unary_float::<f16>(op, x),
-        DType::BF16 => unary_float::<bf16>(op, x),
-        DType::F32 => unary_float::<f32>(op, x),
-        DType::F64 => unary_float::<f64>(op, x),
-        DType::U8 => unary_int::<u8>(op, x),
-        DType::I8 => unary_int::<i8>(op, x),
-        DType::I16 => unary_int::<i16>(op, x),
-        DType::I32 => unary_int::<i32>(op, x),
-        DType::I64 => unary_int::<i64>(op, x),
-        DType::Bool => unary_bool(op, x),
+    unary_with(op, x.dtype, OnVals([x]))
+}
+
+/// Hands `op` on `dtype` to `k` as a closure.
+pub fn unary_with<K: Apply1>(op: UnaryOp, dtype: DType, k: K) -> KResult<K::Out> {
+    match dtype {
+        DType::F16 => unary_float::<f16, K>(op, k),
+        DType::BF16 => unary_float::<bf16, K>(op, k),
+        DType::F32 => unary_float::<f32, K>(op, k),
+        DType::F64 => unary_float::<f64, K>(op, k),
+        DType::U8 => unary_int::<u8, K>(op, k),
+        DType::I8 => unary_int::<i8, K>(op, k),
+        DType::I16 => unary_int::<i16, K>(op, k),
+        DType::I32 => unary_int::<i32, K>(op, k),
+        DType::I64 => unary_int::<i64, K>(op, k),
+        DType::Bool => unary_bool(op, k),
     }
 }
 
-fn unary_float<T: FloatElem>(op: UnaryOp, x: &Val) -> KResult<Val> {
-    let v = x.view::<T>()?;
-    let shape = x.shape();
+fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
     macro_rules! f {
         ($f:expr) => {
-            Val::build::<T>(T::DTYPE, shape, |o| {
-                map1(&v, o, |a: T| T::store($f(a.load())));
-                Ok(())
-            })
+            k.apply(T::DTYPE, |a: T| T::store($f(a.load())))
         };
     }
     macro_rules! b {
         ($f:expr) => {
-            Val::build::<B8>(DType::Bool, shape, |o| {
-                map1(&v, o, |a: T| B8::new($f(a.load())));
-                Ok(())
-            })
+            k.apply(DType::Bool, |a: T| B8::new($f(a.load())))
         };
     }
     let (zero, one) = (<T::C as Real>::ZERO, <T::C as Real>::ONE);
@@ -83,39 +175,31 @@ fn unary_float<T: FloatElem>(op: UnaryOp, x: &Val) -> KResult<Val> {
             f!(|c: T::C| c * half * (one + (c * rs2).erf()))
         }
         GeluTanh => {
-            let (half, k, a) = (
+            let (half, k3, a) = (
                 of(0.5),
                 of((2.0 / std::f64::consts::PI).sqrt()),
                 of(0.044715),
             );
-            f!(|c: T::C| half * c * (one + (k * (c + a * c * c * c)).tanh()))
+            f!(|c: T::C| half * c * (one + (k3 * (c + a * c * c * c)).tanh()))
         }
         Silu => f!(|c: T::C| c * (one / (one + (-c).exp()))),
         Relu => f!(|c: T::C| if c < zero { zero } else { c }),
         Not => b!(|c: T::C| c == zero),
         IsNan => b!(|c: T::C| c.is_nan()),
         IsInf => b!(|c: T::C| c.is_infinite()),
-        BitNot => Err(unsupported(op.name(), x.dtype)),
+        BitNot => Err(unsupported(op.name(), T::DTYPE)),
     }
 }
 
-fn unary_int<T: IntElem>(op: UnaryOp, x: &Val) -> KResult<Val> {
-    let v = x.view::<T>()?;
-    let shape = x.shape();
+fn unary_int<T: IntElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
     macro_rules! f {
         ($f:expr) => {
-            Val::build::<T>(T::DTYPE, shape, |o| {
-                map1(&v, o, $f);
-                Ok(())
-            })
+            k.apply(T::DTYPE, $f)
         };
     }
     macro_rules! b {
         ($f:expr) => {
-            Val::build::<B8>(DType::Bool, shape, |o| {
-                map1(&v, o, $f);
-                Ok(())
-            })
+            k.apply(DType::Bool, $f)
         };
     }
     use UnaryOp::*;
@@ -128,24 +212,18 @@ fn unary_int<T: IntElem>(op: UnaryOp, x: &Val) -> KResult<Val> {
         BitNot => f!(|a: T| a.bitnot()),
         Not => b!(|a: T| B8::new(a == T::ZERO)),
         IsNan | IsInf => b!(|_: T| B8(0)),
-        _ => Err(unsupported(op.name(), x.dtype)),
+        _ => Err(unsupported(op.name(), T::DTYPE)),
     }
 }
 
-fn unary_bool(op: UnaryOp, x: &Val) -> KResult<Val> {
-    let v = x.view::<B8>()?;
-    let f = |f: fn(bool) -> bool| {
-        Val::build::<B8>(DType::Bool, x.shape(), |o| {
-            map1(&v, o, |a: B8| B8::new(f(a.get())));
-            Ok(())
-        })
-    };
+fn unary_bool<K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
+    let f = |f: fn(bool) -> bool| k.apply(DType::Bool, move |a: B8| B8::new(f(a.get())));
     use UnaryOp::*;
     match op {
         Neg | Abs | Sign | Floor | Ceil | Round | Trunc | Relu => f(|a| a),
         Not | BitNot => f(|a| !a),
         IsNan | IsInf => f(|_| false),
-        _ => Err(unsupported(op.name(), x.dtype)),
+        _ => Err(unsupported(op.name(), DType::Bool)),
     }
 }
 
@@ -159,37 +237,34 @@ pub fn binary(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
             b.shape()
         )));
     }
-    match a.dtype {
-        DType::F16 => binary_float::<f16>(op, a, b),
-        DType::BF16 => binary_float::<bf16>(op, a, b),
-        DType::F32 => binary_float::<f32>(op, a, b),
-        DType::F64 => binary_float::<f64>(op, a, b),
-        DType::U8 => binary_int::<u8>(op, a, b),
-        DType::I8 => binary_int::<i8>(op, a, b),
-        DType::I16 => binary_int::<i16>(op, a, b),
-        DType::I32 => binary_int::<i32>(op, a, b),
-        DType::I64 => binary_int::<i64>(op, a, b),
-        DType::Bool => binary_bool(op, a, b),
+    binary_with(op, a.dtype, OnVals([a, b]))
+}
+
+/// Hands `op` on operands of `dtype` to `k` as a closure.
+pub fn binary_with<K: Apply2>(op: BinaryOp, dtype: DType, k: K) -> KResult<K::Out> {
+    match dtype {
+        DType::F16 => binary_float::<f16, K>(op, k),
+        DType::BF16 => binary_float::<bf16, K>(op, k),
+        DType::F32 => binary_float::<f32, K>(op, k),
+        DType::F64 => binary_float::<f64, K>(op, k),
+        DType::U8 => binary_int::<u8, K>(op, k),
+        DType::I8 => binary_int::<i8, K>(op, k),
+        DType::I16 => binary_int::<i16, K>(op, k),
+        DType::I32 => binary_int::<i32, K>(op, k),
+        DType::I64 => binary_int::<i64, K>(op, k),
+        DType::Bool => binary_bool(op, k),
     }
 }
 
-fn binary_float<T: FloatElem>(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
-    let (x, y) = (a.view::<T>()?, b.view::<T>()?);
-    let shape = a.shape();
+fn binary_float<T: FloatElem, K: Apply2>(op: BinaryOp, k: K) -> KResult<K::Out> {
     macro_rules! f {
         ($f:expr) => {
-            Val::build::<T>(T::DTYPE, shape, |o| {
-                map2(&x, &y, o, |p: T, q: T| T::store($f(p.load(), q.load())));
-                Ok(())
-            })
+            k.apply(T::DTYPE, |p: T, q: T| T::store($f(p.load(), q.load())))
         };
     }
     macro_rules! cmp {
         ($f:expr) => {
-            Val::build::<B8>(DType::Bool, shape, |o| {
-                map2(&x, &y, o, |p: T, q: T| B8::new($f(p.load(), q.load())));
-                Ok(())
-            })
+            k.apply(DType::Bool, |p: T, q: T| B8::new($f(p.load(), q.load())))
         };
     }
     // Ops whose rounding matters are done in f64, as the reference interpreter does.
@@ -227,27 +302,19 @@ fn binary_float<T: FloatElem>(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
         Le => cmp!(|p: T::C, q: T::C| p <= q),
         Gt => cmp!(|p: T::C, q: T::C| p > q),
         Ge => cmp!(|p: T::C, q: T::C| p >= q),
-        And | Or | Xor => Err(unsupported(op.name(), a.dtype)),
+        And | Or | Xor => Err(unsupported(op.name(), T::DTYPE)),
     }
 }
 
-fn binary_int<T: IntElem>(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
-    let (x, y) = (a.view::<T>()?, b.view::<T>()?);
-    let shape = a.shape();
+fn binary_int<T: IntElem, K: Apply2>(op: BinaryOp, k: K) -> KResult<K::Out> {
     macro_rules! f {
         ($f:expr) => {
-            Val::build::<T>(T::DTYPE, shape, |o| {
-                map2(&x, &y, o, $f);
-                Ok(())
-            })
+            k.apply(T::DTYPE, $f)
         };
     }
     macro_rules! cmp {
         ($f:expr) => {
-            Val::build::<B8>(DType::Bool, shape, |o| {
-                map2(&x, &y, o, |p: T, q: T| B8::new($f(p, q)));
-                Ok(())
-            })
+            k.apply(DType::Bool, |p: T, q: T| B8::new($f(p, q)))
         };
     }
     use BinaryOp::*;
@@ -271,16 +338,14 @@ fn binary_int<T: IntElem>(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
         Le => cmp!(|p: T, q: T| p <= q),
         Gt => cmp!(|p: T, q: T| p > q),
         Ge => cmp!(|p: T, q: T| p >= q),
-        Atan2 => Err(unsupported(op.name(), a.dtype)),
+        Atan2 => Err(unsupported(op.name(), T::DTYPE)),
     }
 }
 
-fn binary_bool(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
-    let (x, y) = (a.view::<B8>()?, b.view::<B8>()?);
+fn binary_bool<K: Apply2>(op: BinaryOp, k: K) -> KResult<K::Out> {
     let f = |f: fn(bool, bool) -> bool| {
-        Val::build::<B8>(DType::Bool, a.shape(), |o| {
-            map2(&x, &y, o, |p: B8, q: B8| B8::new(f(p.get(), q.get())));
-            Ok(())
+        k.apply(DType::Bool, move |p: B8, q: B8| {
+            B8::new(f(p.get(), q.get()))
         })
     };
     // Bool arithmetic is integer arithmetic on 0/1 with the result tested against zero.
@@ -296,7 +361,7 @@ fn binary_bool(op: BinaryOp, a: &Val, b: &Val) -> KResult<Val> {
         Le => f(|p, q| p <= q),
         Gt => f(|p, q| p & !q),
         Ge => f(|p, q| p >= q),
-        Atan2 => Err(unsupported(op.name(), a.dtype)),
+        Atan2 => Err(unsupported(op.name(), DType::Bool)),
     }
 }
 
@@ -304,13 +369,13 @@ pub fn where_(c: &Val, a: &Val, b: &Val) -> KResult<Val> {
     if c.shape() != a.shape() || a.shape() != b.shape() || a.dtype != b.dtype {
         return Err(CpuError::Shape("where operands differ".into()));
     }
-    let cv = c.view::<B8>()?;
-    crate::with_size!(a.dtype, U => {
-        let (x, y) = (a.view::<U>()?, b.view::<U>()?);
-        Val::build::<U>(a.dtype, a.shape(), |o| {
-            map3(&cv, &x, &y, o, |c: B8, p: U, q: U| if c.get() { p } else { q });
-            Ok(())
-        })
+    where_with(a.dtype, OnVals([c, a, b]))
+}
+
+/// Hands `where` with branches of `dtype` to `k` (operands: cond, a, b).
+pub fn where_with<K: Apply3>(dtype: DType, k: K) -> KResult<K::Out> {
+    crate::with_size!(dtype, U => {
+        k.apply(dtype, |c: B8, p: U, q: U| if c.get() { p } else { q })
     })
 }
 
@@ -318,11 +383,15 @@ pub fn cast(x: &Val, to: DType) -> KResult<Val> {
     if x.dtype == to {
         return Ok(x.clone());
     }
-    crate::with_dtype!(x.dtype, S => {
-        let v = x.view::<S>()?;
-        crate::with_dtype!(to, D => Val::build::<D>(to, x.shape(), |o| {
-            map1(&v, o, |s: S| D::cast_from(s));
-            Ok(())
-        }))
+    cast_with(x.dtype, to, OnVals([x]))
+}
+
+/// Hands the cast from `from` to `to` to `k` (a copy when they are equal).
+pub fn cast_with<K: Apply1>(from: DType, to: DType, k: K) -> KResult<K::Out> {
+    if from == to {
+        return crate::with_size!(from, U => k.apply(to, |x: U| x));
+    }
+    crate::with_dtype!(from, S => {
+        crate::with_dtype!(to, D => k.apply(to, |s: S| D::cast_from(s)))
     })
 }

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod dot;
 pub mod elementwise;
+pub mod fused;
 pub mod index;
 pub mod movement;
 pub mod norm;

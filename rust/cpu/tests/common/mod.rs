@@ -136,7 +136,7 @@ impl Strided {
         }
     }
 
-    fn view(&self) -> TensorView {
+    pub fn view(&self) -> TensorView {
         TensorView {
             ptr: (self.storage.as_ptr() as *const u8).wrapping_add(self.byte_offset),
             dtype: self.dtype,

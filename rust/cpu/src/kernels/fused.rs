@@ -1,0 +1,345 @@
+//! The fused elementwise kernel: a group (see `fuse.rs`) evaluated block by block over its
+//! contiguous output. Each block of every leaf is read once (in place when the leaf is
+//! contiguous, else gathered into a small scratch slot), each step writes its block to a
+//! scratch slot that stays in L1, and the root writes straight into the output. The steps
+//! run the closures of `elementwise.rs`, so every node rounds exactly as it does unfused.
+
+use rayon::prelude::*;
+
+use ember_core::dtype::DType;
+use ember_core::ir::{Graph, Op};
+
+use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
+use crate::arena::Dest;
+use crate::buffer::Val;
+use crate::error::{CpuError, KResult};
+use crate::fuse::Group;
+use crate::strided::{coalesce, for_runs, PAR_MIN};
+
+/// Elements per block: a slot of the widest dtype is 4 KiB.
+const BLOCK: usize = 512;
+
+/// Where a leaf's block comes from.
+enum Kind {
+    /// Unit stride over the whole output: read in place.
+    Contiguous,
+    /// One element broadcast everywhere: filled once per task.
+    Scalar,
+    Strided,
+}
+
+struct Leaf {
+    ptr: *const u8,
+    size: usize,
+    shape: Vec<usize>,
+    strides: [Vec<isize>; 1],
+    kind: Kind,
+}
+
+/// Raw pointers shared by the tasks (each writes its own disjoint range of the output).
+struct Shared {
+    leaves: Vec<Leaf>,
+    out: *mut u8,
+}
+
+// SAFETY: leaves are read-only memory kept alive by `Val`s held for the whole call; the
+// output is written at disjoint ranges by different tasks.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// Runs `grp` into `dest` (the head, if any, must already be in `dest`; `head` is then the
+/// value viewing it). `leaves[i]` is the value of leaf i (`None` for the head's leaf).
+pub fn run(
+    g: &Graph,
+    grp: &Group,
+    leaves: &[Option<&Val>],
+    head: Option<&Val>,
+    dest: &mut Dest,
+) -> KResult<()> {
+    let n = dest.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut prepared = Vec::with_capacity(leaves.len());
+    for (i, v) in leaves.iter().enumerate() {
+        let is_head = v.is_none();
+        let v = match (v, head) {
+            (Some(v), _) => *v,
+            (None, Some(h)) => h,
+            (None, None) => return Err(CpuError::Internal(format!("leaf {i} has no value"))),
+        };
+        if v.numel() != n {
+            return Err(CpuError::Shape(format!(
+                "fused operand {:?} does not match the output {:?}",
+                v.shape(),
+                dest.shape
+            )));
+        }
+        let size = v.dtype.size();
+        let (shape, strides) = coalesce(v.shape(), [&v.layout.strides]);
+        let kind = if strides[0].iter().all(|&s| s == 0) {
+            Kind::Scalar
+        } else if !is_head && shape.len() == 1 && strides[0][0] == 1 {
+            Kind::Contiguous
+        } else {
+            Kind::Strided
+        };
+        prepared.push(Leaf {
+            ptr: v
+                .storage
+                .ptr()
+                .wrapping_add(v.layout.offset as usize * size),
+            size,
+            shape,
+            strides,
+            kind,
+        });
+    }
+    let shared = Shared {
+        leaves: prepared,
+        out: dest.ptr(),
+    };
+    let out_size = dest.dtype.size();
+    let task = |start: usize, end: usize| -> KResult<()> {
+        let shared = &shared; // the whole struct (Sync), not its raw-pointer fields
+        let mut scratch = vec![0u64; grp.slots * BLOCK];
+        let base = scratch.as_mut_ptr();
+        let slot = |s: usize| base.wrapping_add(s * BLOCK) as *mut u8;
+        for (i, l) in shared.leaves.iter().enumerate() {
+            if let Kind::Scalar = l.kind {
+                // SAFETY: the leaf's element 0 is readable (n > 0); the slot holds BLOCK elements.
+                unsafe { fill(l, slot(i)) };
+            }
+        }
+        let mut ptrs: Vec<*const u8> = (0..grp.slots).map(|s| slot(s) as *const u8).collect();
+        let mut at = start;
+        while at < end {
+            let len = BLOCK.min(end - at);
+            for (i, l) in shared.leaves.iter().enumerate() {
+                match l.kind {
+                    Kind::Contiguous => ptrs[i] = l.ptr.wrapping_add(at * l.size),
+                    Kind::Scalar => {}
+                    // SAFETY: the leaf covers the output's n elements; the slot holds BLOCK.
+                    Kind::Strided => unsafe { gather(l, at, len, slot(i)) },
+                }
+            }
+            for step in &grp.steps {
+                let dst = if step.out == usize::MAX {
+                    shared.out.wrapping_add(at * out_size)
+                } else {
+                    slot(step.out)
+                };
+                apply(g, step.node, &step.args, &ptrs, dst, len)?;
+            }
+            at += len;
+        }
+        Ok(())
+    };
+    if n < PAR_MIN {
+        return task(0, n);
+    }
+    let chunk = (n / (rayon::current_num_threads() * 4))
+        .max(PAR_MIN / 4)
+        .next_multiple_of(BLOCK);
+    (0..n.div_ceil(chunk))
+        .into_par_iter()
+        .try_for_each(|t| task(t * chunk, ((t + 1) * chunk).min(n)))
+}
+
+/// Runs `$body` with `$U` an unsigned type of `$size` bytes.
+macro_rules! with_bytes {
+    ($size:expr, $U:ident => $body:expr) => {
+        match $size {
+            1 => {
+                type $U = u8;
+                $body
+            }
+            2 => {
+                type $U = u16;
+                $body
+            }
+            4 => {
+                type $U = u32;
+                $body
+            }
+            _ => {
+                type $U = u64;
+                $body
+            }
+        }
+    };
+}
+
+/// Copies one element to the whole slot.
+///
+/// # Safety
+/// `l.ptr` must be readable; `dst` must hold BLOCK elements of `l.size` bytes.
+unsafe fn fill(l: &Leaf, dst: *mut u8) {
+    with_bytes!(l.size, U => {
+        // SAFETY: by the contract.
+        unsafe {
+            let v = *(l.ptr as *const U);
+            std::slice::from_raw_parts_mut(dst as *mut U, BLOCK).fill(v);
+        }
+    })
+}
+
+/// Gathers elements `at..at + len` (row-major) of a strided leaf into `dst`.
+///
+/// # Safety
+/// The leaf's layout must be readable (a checked `Val`); `dst` must hold `len` elements.
+unsafe fn gather(l: &Leaf, at: usize, len: usize, dst: *mut u8) {
+    with_bytes!(l.size, U => {
+        let src = l.ptr as *const U;
+        let dst = dst as *mut U;
+        let s = l.strides[0].last().copied().unwrap_or(1);
+        for_runs(&l.shape, &l.strides, at, at + len, |lin, [o], run| {
+            // SAFETY: offsets come from walking the leaf's checked layout; `lin - at < len`.
+            unsafe {
+                let d = dst.add(lin - at);
+                if s == 1 {
+                    std::ptr::copy_nonoverlapping(src.offset(o), d, run);
+                } else {
+                    for i in 0..run {
+                        *d.add(i) = *src.offset(o + i as isize * s);
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// Runs node `id` of the graph over one block; its operands are `slots[args[k]]`.
+fn apply(
+    g: &Graph,
+    id: usize,
+    args: &[usize],
+    slots: &[*const u8],
+    dst: *mut u8,
+    len: usize,
+) -> KResult<()> {
+    let node = &g.nodes[id];
+    let dt = |k: usize| g.nodes[node.inputs[k]].ty.dtype;
+    let arg = |k: usize| {
+        args.get(k)
+            .map(|&a| slots[a])
+            .ok_or_else(|| CpuError::Internal(format!("{} lacks operand {k}", node.op.name())))
+    };
+    let src1 = || Ok::<_, CpuError>([arg(0)?]);
+    match &node.op {
+        Op::Unary(u) => unary_with(
+            *u,
+            dt(0),
+            Block {
+                src: src1()?,
+                dst,
+                len,
+            },
+        ),
+        Op::Cast { to } => cast_with(
+            dt(0),
+            *to,
+            Block {
+                src: src1()?,
+                dst,
+                len,
+            },
+        ),
+        Op::Binary(b) => {
+            let src = [arg(0)?, arg(1)?];
+            binary_with(*b, dt(0), Block { src, dst, len })
+        }
+        Op::Where => {
+            let src = [arg(0)?, arg(1)?, arg(2)?];
+            where_with(dt(1), Block { src, dst, len })
+        }
+        op => Err(CpuError::Internal(format!(
+            "{} in a fused group",
+            op.name()
+        ))),
+    }
+}
+
+/// One block of an op: `len` elements per operand, written to `dst` (never an operand).
+struct Block<const N: usize> {
+    src: [*const u8; N],
+    dst: *mut u8,
+    len: usize,
+}
+
+impl<const N: usize> Block<N> {
+    /// # Safety
+    /// The pointers must address `len` elements of T, aligned, and `dst` alias no operand.
+    unsafe fn parts<T>(&self, k: usize) -> &[T] {
+        // SAFETY: by the contract.
+        unsafe { std::slice::from_raw_parts(self.src[k] as *const T, self.len) }
+    }
+    /// # Safety
+    /// As `parts`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn out<T>(&self) -> &mut [T] {
+        // SAFETY: by the contract.
+        unsafe { std::slice::from_raw_parts_mut(self.dst as *mut T, self.len) }
+    }
+}
+
+// SAFETY (the three impls): operands are leaf blocks (in place or gathered) or scratch slots
+// of `len` ≤ BLOCK elements of the operand's dtype, and `dst` is a scratch slot or the
+// output block; the planner never gives a step an output slot that one of its operands uses,
+// and head leaves (which live in the output) are always gathered.
+impl Apply1 for Block<1> {
+    type Out = ();
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync>(
+        self,
+        _: DType,
+        f: impl Fn(A) -> B + Sync,
+    ) -> KResult<()> {
+        let (x, o) = unsafe { (self.parts::<A>(0), self.out::<B>()) };
+        for (d, &a) in o.iter_mut().zip(x) {
+            *d = f(a);
+        }
+        Ok(())
+    }
+}
+
+impl Apply2 for Block<2> {
+    type Out = ();
+    fn apply<A: Copy + Send + Sync, B: Copy + Send + Sync, C: Copy + Send + Sync>(
+        self,
+        _: DType,
+        f: impl Fn(A, B) -> C + Sync,
+    ) -> KResult<()> {
+        let (x, y, o) = unsafe { (self.parts::<A>(0), self.parts::<B>(1), self.out::<C>()) };
+        for ((d, &a), &b) in o.iter_mut().zip(x).zip(y) {
+            *d = f(a, b);
+        }
+        Ok(())
+    }
+}
+
+impl Apply3 for Block<3> {
+    type Out = ();
+    fn apply<
+        A: Copy + Send + Sync,
+        B: Copy + Send + Sync,
+        C: Copy + Send + Sync,
+        D: Copy + Send + Sync,
+    >(
+        self,
+        _: DType,
+        f: impl Fn(A, B, C) -> D + Sync,
+    ) -> KResult<()> {
+        let (x, y, z, o) = unsafe {
+            (
+                self.parts::<A>(0),
+                self.parts::<B>(1),
+                self.parts::<C>(2),
+                self.out::<D>(),
+            )
+        };
+        for (((d, &a), &b), &c) in o.iter_mut().zip(x).zip(y).zip(z) {
+            *d = f(a, b, c);
+        }
+        Ok(())
+    }
+}
