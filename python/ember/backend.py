@@ -8,6 +8,7 @@ with ``fallback="error"``).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,9 +17,11 @@ import torch
 
 from ember import _core
 from ember.compiled import CompiledModel
-from ember.errors import UnsupportedOpError
-from ember.export import export_program, live_weights, save_bytes
+from ember.errors import InputError, UnsupportedOpError
+from ember.export import dynamo_dynamic_shapes, export_program, live_weights, save_bytes
 from ember.options import Options
+
+_log = logging.getLogger("ember")
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -46,28 +49,21 @@ class _DynamoGraph:
     def __init__(self, gm: torch.fx.GraphModule, options: Options) -> None:
         self.gm = gm
         self.options = options
+        # A program with symbolic dims serves every size Dynamo made dynamic; the per-
+        # signature programs cover what it cannot (sizes outside its range, static graphs).
+        self.dynamic: Callable[..., Any] | None = None
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
-    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        try:
-            ep = export_program(self.gm, args)
-            program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
-            model = CompiledModel(
-                program,
-                self.options.backend,
-                self.options.threads,
-                live_weights(ep),
-                ep.call_spec.out_spec,
-            )
-        except UnsupportedOpError as e:
-            if self.options.fallback == "error":
-                raise
-            warnings.warn(
-                f"ember: running this graph eagerly because it uses an op Ember does not "
-                f"support: {e}",
-                stacklevel=3,
-            )
-            return self.gm.forward
+    def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
+        ep = export_program(self.gm, args, dynamic_shapes=dynamic_shapes)
+        program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+        model = CompiledModel(
+            program,
+            self.options.backend,
+            self.options.threads,
+            live_weights(ep),
+            ep.call_spec.out_spec,
+        )
         global _programs_compiled
         _programs_compiled += 1
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -77,7 +73,32 @@ class _DynamoGraph:
 
         return run
 
+    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+        spec = None if self.dynamic is not None else dynamo_dynamic_shapes(self.gm, args)
+        if spec is not None:
+            try:
+                self.dynamic = self._build(args, spec)
+                return self.dynamic
+            except Exception as e:  # noqa: BLE001 - any failure: specialize instead
+                _log.debug("ember: symbolic compile failed (%s); specializing shapes", e)
+        try:
+            return self._build(args, None)
+        except UnsupportedOpError as e:
+            if self.options.fallback == "error":
+                raise
+            warnings.warn(
+                f"ember: running this graph eagerly because it uses an op Ember does not "
+                f"support: {e}",
+                stacklevel=3,
+            )
+            return self.gm.forward
+
     def __call__(self, *args: Any) -> Any:
+        if self.dynamic is not None:
+            try:
+                return self.dynamic(*args)
+            except InputError:
+                pass  # a size outside the symbolic program's range: specialize below
         key = _signature(args)
         fn = self.compiled.get(key)
         if fn is None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.export import ExportedProgram
+from torch.export import Dim, ExportedProgram
 
 _aten = torch.ops.aten
 
@@ -51,14 +51,39 @@ def _strip_grad_mode_calls(gm: torch.fx.GraphModule) -> None:
 
 
 def export_program(
-    model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+    model: torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
     if isinstance(model, torch.fx.GraphModule):
         _strip_grad_mode_calls(model)
     with torch.no_grad():
-        ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        ep = torch.export.export(
+            model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes, strict=False
+        )
         return ep.run_decompositions(_decomposition_table())
+
+
+def dynamo_dynamic_shapes(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """``dynamic_shapes`` for exporting a Dynamo graph: the dims Dynamo made symbolic (after
+    a size changed, or by ``mark_dynamic`` / ``dynamic=True``) stay symbolic, so one compiled
+    program serves every size. ``None`` when the graph is fully static."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        return None
+    spec: list[Any] = []
+    for node, arg in zip(placeholders, args, strict=True):
+        example = node.meta.get("example_value")
+        if isinstance(arg, torch.Tensor) and isinstance(example, torch.Tensor):
+            dims = {i: Dim.AUTO for i, s in enumerate(example.shape) if not isinstance(s, int)}
+            spec.append(dims or None)
+        elif isinstance(example, torch.SymInt):
+            spec.append(Dim.AUTO)
+        else:
+            spec.append(None)
+    return tuple(spec) if any(s is not None for s in spec) else None
 
 
 def save_bytes(ep: ExportedProgram) -> bytes:

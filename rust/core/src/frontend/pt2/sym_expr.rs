@@ -1,5 +1,6 @@
-//! Parses the sympy expressions torch.export writes for symbolic sizes (`s0`, `2*s0 + 1`,
-//! `FloorDiv(s0, 2)`, `Max(1, s1)`) into `Dim`s.
+//! Parses the sympy expressions torch.export writes for symbolic sizes into `Dim`s. Torch
+//! releases differ: some write `str()` forms (`s0`, `2*s0 + 1`, `FloorDiv(s0, 2)`), newer ones
+//! `srepr()` forms (`Symbol('s0', positive=True, integer=True)`, `Add(Integer(1), ...)`).
 
 use crate::dim::{Dim, DimOp};
 use crate::error::{Error, Result};
@@ -22,6 +23,8 @@ pub fn parse(src: &str) -> Result<Dim> {
 enum Tok {
     Int(i64),
     Name(String),
+    /// A quoted string (a symbol's name in srepr form).
+    Str(String),
     Op(&'static str),
 }
 
@@ -40,6 +43,17 @@ fn tokenize(src: &str) -> Result<Vec<Tok>> {
             }
             let s: String = chars[start..i].iter().collect();
             out.push(Tok::Int(s.parse().map_err(|_| bad(src))?));
+        } else if c == '\'' || c == '"' {
+            let start = i + 1;
+            i += 1;
+            while i < chars.len() && chars[i] != c {
+                i += 1;
+            }
+            if i >= chars.len() {
+                return Err(bad(src));
+            }
+            out.push(Tok::Str(chars[start..i].iter().collect()));
+            i += 1;
         } else if c.is_alphabetic() || c == '_' {
             let start = i;
             while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
@@ -58,6 +72,7 @@ fn tokenize(src: &str) -> Result<Vec<Tok>> {
                 ('(', _) => "(",
                 (')', _) => ")",
                 (',', _) => ",",
+                ('=', _) => "=",
                 _ => return Err(bad(src)),
             };
             i += op.len();
@@ -145,24 +160,65 @@ impl Parser<'_> {
                 if !self.eat("(") {
                     return Ok(Dim::sym(&n));
                 }
-                let a = self.expr()?;
-                let op = match n.as_str() {
-                    "FloorDiv" => DimOp::FloorDiv,
-                    "Mod" | "PythonMod" => DimOp::Mod,
-                    "Max" => DimOp::Max,
-                    "Min" => DimOp::Min,
-                    _ => return Err(self.err()),
-                };
-                let mut d = a;
-                while self.eat(",") {
-                    d = Dim::binary(op, d, self.expr()?);
-                }
-                if !self.eat(")") {
-                    return Err(self.err());
-                }
-                Ok(d)
+                self.call(&n)
             }
             _ => Err(self.err()),
+        }
+    }
+
+    /// A function call after its `(`: sympy constructors and torch's integer functions.
+    fn call(&mut self, name: &str) -> Result<Dim> {
+        if name == "Symbol" {
+            let Some(Tok::Str(sym)) = self.peek().cloned() else {
+                return Err(self.err());
+            };
+            self.pos += 1;
+            self.skip_keywords()?;
+            return Ok(Dim::sym(&sym));
+        }
+        let mut args = vec![self.expr()?];
+        while self.eat(",") {
+            if self.is_keyword() {
+                break;
+            }
+            args.push(self.expr()?);
+        }
+        self.skip_keywords()?;
+        let op = match name {
+            "Integer" if args.len() == 1 => return Ok(args.remove(0)),
+            "Add" => DimOp::Add,
+            "Mul" => DimOp::Mul,
+            "FloorDiv" => DimOp::FloorDiv,
+            "Mod" | "PythonMod" => DimOp::Mod,
+            "Max" => DimOp::Max,
+            "Min" => DimOp::Min,
+            _ => return Err(self.err()),
+        };
+        let mut it = args.into_iter();
+        let first = it.next().ok_or_else(|| self.err())?;
+        Ok(it.fold(first, |acc, d| Dim::binary(op, acc, d)))
+    }
+
+    fn is_keyword(&self) -> bool {
+        matches!(
+            (self.toks.get(self.pos), self.toks.get(self.pos + 1)),
+            (Some(Tok::Name(_)), Some(Tok::Op("=")))
+        )
+    }
+
+    /// Skips `, key=value` arguments (sympy assumptions such as `integer=True`) and the `)`.
+    fn skip_keywords(&mut self) -> Result<()> {
+        loop {
+            if self.eat(")") {
+                return Ok(());
+            }
+            self.eat(",");
+            if self.is_keyword() {
+                self.pos += 2;
+                self.factor()?;
+            } else {
+                return Err(self.err());
+            }
         }
     }
 }
@@ -189,6 +245,17 @@ mod tests {
         ] {
             assert_eq!(parse(src).unwrap().eval(&env).unwrap(), want, "{src}");
         }
+        for (src, want) in [
+            ("Symbol('s0', positive=True, integer=True)", 7),
+            ("Add(Symbol('s0', integer=True), Integer(1))", 8),
+            ("Mul(Integer(2), Symbol('s1', integer=True))", 6),
+            ("FloorDiv(Symbol('s0'), Integer(2))", 3),
+            ("Max(Integer(1), Symbol('s1'))", 3),
+        ] {
+            assert_eq!(parse(src).unwrap().eval(&env).unwrap(), want, "{src}");
+        }
+        assert!(parse("Symbol(3)").is_err());
+        assert!(parse("Add(Symbol('s0'), ").is_err());
         assert!(parse("s0 ^ 2").is_err());
         assert!(parse("Foo(s0)").is_err());
     }

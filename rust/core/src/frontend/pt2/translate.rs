@@ -178,6 +178,16 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         }
     }
 
+    // Named symbolic ints (sizes computed in the graph, symbolic int inputs): their values
+    // as expressions over the symbols the input shapes carry.
+    if let Some(sym_ints) = graph_json.get("sym_int_values").and_then(Json::as_object) {
+        for (name, v) in sym_ints {
+            if let Ok(d) = parse_size(v) {
+                ctx.syms.insert(name.clone(), d);
+            }
+        }
+    }
+
     // Inputs, in the order the signature gives them.
     let mut weight_specs = Vec::new();
     let mut input_names = Vec::new();
