@@ -59,6 +59,11 @@ def export_program(
     """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
     if isinstance(model, torch.fx.GraphModule):
         _strip_grad_mode_calls(model)
+        # Dynamo's lazy graph modules have a `forward(*args)` stub until first compiled;
+        # export reads the real signature to match `dynamic_shapes` with the arguments.
+        real_recompile = getattr(model, "real_recompile", None)
+        if real_recompile is not None:
+            real_recompile()
     with torch.no_grad():
         ep = torch.export.export(
             model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes, strict=False

@@ -294,6 +294,7 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         }
     }
     verify(&ctx.b.g)?;
+    check_symbols_bound(&ctx.b.g)?;
     Ok(Pt2Program {
         graph: ctx.b.g,
         weights,
@@ -359,4 +360,40 @@ fn check_against_torch(ctx: &Ctx, node: &NodeArgs, v: ValueId, want: &TensorType
 /// `torch.ops.aten.add.Tensor` → `aten.add.Tensor`.
 pub fn short_target(target: &str) -> &str {
     target.strip_prefix("torch.ops.").unwrap_or(target)
+}
+
+/// Every symbol a shape or attribute mentions must be fixed by the input shapes, since
+/// inputs are all a program receives at run time. (A symbolic *int* input that export did
+/// not tie to a tensor dim is not supported yet; callers specialize such graphs.)
+fn check_symbols_bound(g: &Graph) -> Result<()> {
+    let mut bound = Vec::new();
+    for &i in &g.inputs {
+        for d in &g.ty(i).shape {
+            if let Dim::Sym(s) = d {
+                bound.push(s.clone());
+            }
+        }
+    }
+    let mut used = Vec::new();
+    for node in &g.nodes {
+        for d in &node.ty.shape {
+            d.symbols(&mut used);
+        }
+        match &node.op {
+            Op::Reshape { shape } | Op::Expand { shape } => {
+                shape.iter().for_each(|d| d.symbols(&mut used))
+            }
+            Op::Slice { start, end, .. } => {
+                start.symbols(&mut used);
+                end.symbols(&mut used);
+            }
+            _ => {}
+        }
+    }
+    match used.iter().find(|s| !bound.contains(s)) {
+        Some(s) => Err(Error::Compile(format!(
+            "symbolic size '{s}' is not determined by the shapes of the tensor inputs"
+        ))),
+        None => Ok(()),
+    }
 }

@@ -9,6 +9,7 @@ mod linalg;
 mod nn;
 mod reduce;
 mod shape;
+mod symint;
 
 use super::args::NodeArgs;
 use super::translate::{Ctx, Out};
@@ -20,7 +21,9 @@ pub type Handler = fn(&mut Ctx, &NodeArgs) -> Result<Out>;
 
 /// The translation function for `target`, or `None` when Ember does not support it.
 pub fn handler(target: &str) -> Option<Handler> {
-    let rest = target.strip_prefix("torch.ops.aten.")?;
+    let Some(rest) = target.strip_prefix("torch.ops.aten.") else {
+        return symint::handler(target);
+    };
     let (name, overload) = rest.split_once('.').unwrap_or((rest, "default"));
     elementwise::handler(name, overload)
         .or_else(|| reduce::handler(name, overload))
