@@ -5,6 +5,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use half::{bf16, f16};
 
+use super::fastmath;
 use super::Elem;
 
 /// Float arithmetic type (f32 or f64) in which float kernels compute.
@@ -35,7 +36,6 @@ pub trait Real:
     fn sin(self) -> Self;
     fn cos(self) -> Self;
     fn tan(self) -> Self;
-    fn tanh(self) -> Self;
     fn floor(self) -> Self;
     fn ceil(self) -> Self;
     fn trunc(self) -> Self;
@@ -44,12 +44,18 @@ pub trait Real:
     fn atan2(self, o: Self) -> Self;
     fn fmod(self, o: Self) -> Self;
     fn erf(self) -> Self;
+    /// Vectorizable forms (f32: `fastmath`; f64: the libm functions).
+    fn fast_exp(self) -> Self;
+    fn fast_tanh(self) -> Self;
+    fn fast_sigmoid(self) -> Self;
+    /// 1 + erf(x), accurate in absolute terms (for GELU).
+    fn fast_one_plus_erf(self) -> Self;
     fn is_nan(self) -> bool;
     fn is_infinite(self) -> bool;
 }
 
 macro_rules! real {
-    ($t:ident, $erf:path) => {
+    ($t:ident, $erf:path, $exp:path, $tanh:path, $sigmoid:path, $one_plus_erf:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -96,10 +102,6 @@ macro_rules! real {
                 $t::tan(self)
             }
             #[inline]
-            fn tanh(self) -> Self {
-                $t::tanh(self)
-            }
-            #[inline]
             fn floor(self) -> Self {
                 $t::floor(self)
             }
@@ -131,6 +133,22 @@ macro_rules! real {
             fn erf(self) -> Self {
                 $erf(self)
             }
+            #[inline(always)]
+            fn fast_exp(self) -> Self {
+                $exp(self)
+            }
+            #[inline(always)]
+            fn fast_tanh(self) -> Self {
+                $tanh(self)
+            }
+            #[inline(always)]
+            fn fast_sigmoid(self) -> Self {
+                $sigmoid(self)
+            }
+            #[inline(always)]
+            fn fast_one_plus_erf(self) -> Self {
+                $one_plus_erf(self)
+            }
             #[inline]
             fn is_nan(self) -> bool {
                 $t::is_nan(self)
@@ -142,8 +160,30 @@ macro_rules! real {
         }
     };
 }
-real!(f32, libm::erff);
-real!(f64, libm::erf);
+real!(
+    f32,
+    libm::erff,
+    fastmath::exp,
+    fastmath::tanh,
+    fastmath::sigmoid,
+    fastmath::one_plus_erf
+);
+real!(
+    f64,
+    libm::erf,
+    f64::exp,
+    f64::tanh,
+    sigmoid_f64,
+    one_plus_erf_f64
+);
+
+fn sigmoid_f64(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn one_plus_erf_f64(x: f64) -> f64 {
+    1.0 + libm::erf(x)
+}
 
 /// A float element with the type its math is done in.
 pub trait FloatElem: Elem {

@@ -165,6 +165,7 @@ macro_rules! half_elem {
 half_elem!(f16, F16);
 half_elem!(bf16, BF16);
 
+mod fastmath;
 mod math;
 
 pub use math::{FloatElem, IntElem, Real};

@@ -157,7 +157,7 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Ceil => f!(|c: T::C| c.ceil()),
         Round => f!(|c: T::C| c.round_even()),
         Trunc => f!(|c: T::C| c.trunc()),
-        Exp => f!(|c: T::C| c.exp()),
+        Exp => f!(|c: T::C| c.fast_exp()),
         Expm1 => f!(|c: T::C| c.exp_m1()),
         Log => f!(|c: T::C| c.ln()),
         Log1p => f!(|c: T::C| c.ln_1p()),
@@ -167,12 +167,12 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Sin => f!(|c: T::C| c.sin()),
         Cos => f!(|c: T::C| c.cos()),
         Tan => f!(|c: T::C| c.tan()),
-        Tanh => f!(|c: T::C| c.tanh()),
-        Sigmoid => f!(|c: T::C| one / (one + (-c).exp())),
+        Tanh => f!(|c: T::C| c.fast_tanh()),
+        Sigmoid => f!(|c: T::C| c.fast_sigmoid()),
         Erf => f!(|c: T::C| c.erf()),
         Gelu => {
             let (half, rs2) = (of(0.5), of(std::f64::consts::FRAC_1_SQRT_2));
-            f!(|c: T::C| c * half * (one + (c * rs2).erf()))
+            f!(|c: T::C| c * half * (c * rs2).fast_one_plus_erf())
         }
         GeluTanh => {
             let (half, k3, a) = (
@@ -180,9 +180,9 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
                 of((2.0 / std::f64::consts::PI).sqrt()),
                 of(0.044715),
             );
-            f!(|c: T::C| half * c * (one + (k3 * (c + a * c * c * c)).tanh()))
+            f!(|c: T::C| half * c * (one + (k3 * (c + a * c * c * c)).fast_tanh()))
         }
-        Silu => f!(|c: T::C| c * (one / (one + (-c).exp()))),
+        Silu => f!(|c: T::C| c * c.fast_sigmoid()),
         Relu => f!(|c: T::C| if c < zero { zero } else { c }),
         Not => b!(|c: T::C| c == zero),
         IsNan => b!(|c: T::C| c.is_nan()),
