@@ -20,7 +20,8 @@ const EXP_MIN: f32 = -87.336_54;
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let xc = x.clamp(EXP_MIN, EXP_MAX);
-    let n = (xc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    let k = xc * LOG2E + ROUND_MAGIC;
+    let n = k - ROUND_MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let p = 1.987_569_1e-4_f32;
@@ -31,9 +32,11 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 5.000_000_1e-1;
     let er = p * r2 + r + 1.0;
     // 2^n for n in [-126, 128], in two factors so each stays a normal f32.
-    let n = n as i32;
+    // n as an integer, read from the mantissa of `k` (an `as i32` conversion would not
+    // vectorize: it saturates and maps NaN to 0).
+    let n = (k.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let half = n >> 1;
-    let y = er * pow2(half) * pow2(n - half);
+    let y = er * pow2(half) * pow2(n.wrapping_sub(half));
     // Out-of-range inputs (and NaN, which `clamp` keeps) are fixed up without branches.
     let y = if x > EXP_MAX { f32::INFINITY } else { y };
     let y = if x < EXP_MIN { 0.0 } else { y };
@@ -47,7 +50,7 @@ pub fn exp(x: f32) -> f32 {
 /// 2^k for k in [-63, 64], straight from the exponent bits.
 #[inline(always)]
 fn pow2(k: i32) -> f32 {
-    f32::from_bits(((k + 127) << 23) as u32)
+    f32::from_bits((k.wrapping_add(127) << 23) as u32)
 }
 
 /// tanh(x): an odd polynomial near 0 (where 1 - 2/(e^{2x}+1) would cancel), the exp form

@@ -154,7 +154,7 @@ fn softmax_row<T: Real>(row: &mut [T]) {
     }
     let mut sum = 0.0f64;
     for x in row.iter_mut() {
-        *x = (*x - m).exp();
+        *x = (*x - m).fast_exp();
         sum += x.f64();
     }
     let inv = T::of(1.0 / sum);

@@ -43,7 +43,7 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
                     m = c;
                 }
             }
-            let sum: f64 = row.iter().map(|&a| (a.load() - m).exp().f64()).sum();
+            let sum: f64 = row.iter().map(|&a| (a.load() - m).fast_exp().f64()).sum();
             if log {
                 let lse = <T::C as Real>::of(sum.ln());
                 for (d, &a) in out.iter_mut().zip(row) {
@@ -52,7 +52,7 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
             } else {
                 let inv = 1.0 / sum;
                 for (d, &a) in out.iter_mut().zip(row) {
-                    *d = T::store(<T::C as Real>::of((a.load() - m).exp().f64() * inv));
+                    *d = T::store(<T::C as Real>::of((a.load() - m).fast_exp().f64() * inv));
                 }
             }
         });
