@@ -16,8 +16,9 @@ from ember.options import Options
 def compile(model: torch.nn.Module, *example_inputs: Any, **options: Any) -> CompiledModel:
     """Compiles ``model`` for inputs shaped like ``example_inputs``.
 
-    The model is exported with ``torch.export``; its weights are bound by pointer (they are
-    not copied, so later in-place changes to them are seen by the compiled model).
+    The model is exported with ``torch.export``; its weights are bound once, by pointer
+    (transposed weights of matrix products are pre-packed into one contiguous copy). In-place
+    changes to the weights after compiling are seen: the next call binds them again.
     """
     opts = Options.from_dict(options)
     ep = export_program(model, example_inputs)

@@ -73,14 +73,26 @@ class CompiledModel:
         weights: dict[str, torch.Tensor] | None = None,
         out_spec: Any = None,
     ) -> None:
-        bound, self._keep_alive = _bind_weights(weights or {}, program.weight_specs)
         self._program = program
-        self._exe = _core.compile(program, backend, bound, num_threads)
+        self._backend = backend
+        self._num_threads = num_threads
+        self._weights = {
+            name: weights[name] for name, _, _ in program.weight_specs if name in (weights or {})
+        }
+        self._bind()
         self._out_spec = out_spec
         self._out_kind = _output_kind(out_spec)
         self._input_dtypes = program.input_dtypes
         self._output_names = program.output_dtypes
         self._output_dtypes = [_NAME_TO_TORCH[d] for d in self._output_names]
+
+    def _bind(self) -> None:
+        """Compiles with the weights as they are now. Backends may pre-pack weights (a
+        transposed copy for GEMM), so the versions torch counts for in-place updates are
+        recorded, and `run_flat` binds again when a weight has changed since."""
+        bound, self._keep_alive = _bind_weights(self._weights, self._program.weight_specs)
+        self._versions = [t._version for t in self._weights.values()]
+        self._exe = _core.compile(self._program, self._backend, bound, self._num_threads)
 
     @property
     def input_names(self) -> list[str]:
@@ -96,6 +108,8 @@ class CompiledModel:
 
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Runs on a flat list of tensors and returns a flat list of outputs."""
+        if [t._version for t in self._weights.values()] != self._versions:
+            self._bind()
         if len(inputs) != len(self._input_dtypes):
             raise InputError(
                 f"expected {len(self._input_dtypes)} tensor inputs "

@@ -263,6 +263,8 @@ fn eval(
             "inputs are bound by the executor".into(),
         )),
         Op::Weight { .. } | Op::Constant(_) => bound(),
+        // A permuted weight was pre-packed at compile time.
+        Op::Permute { .. } if prog.bound[id].is_some() => bound(),
         Op::Full { .. } => mv::full(&bound()?, shape),
         Op::Iota { start, step } => {
             mv::iota(dtype, *start, *step, shape.first().copied().unwrap_or(1))

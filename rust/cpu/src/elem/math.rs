@@ -28,7 +28,6 @@ pub trait Real:
     const INF: Self;
     fn of(v: f64) -> Self;
     fn f64(self) -> f64;
-    fn exp(self) -> Self;
     fn exp_m1(self) -> Self;
     fn ln(self) -> Self;
     fn ln_1p(self) -> Self;
@@ -68,10 +67,6 @@ macro_rules! real {
             #[inline]
             fn f64(self) -> f64 {
                 self as f64
-            }
-            #[inline]
-            fn exp(self) -> Self {
-                $t::exp(self)
             }
             #[inline]
             fn exp_m1(self) -> Self {
