@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = backends.backends(inductor=not args.no_inductor)
     command = shlex.join(["python3", "-m", "bench", *argv])
 
-    load_before = report.load_average()
+    load_before = report.machine_load()
+    _log(f"machine load: {load_before}")
     results: list[runner.CaseResult] = []
     start = time.perf_counter()
     for name in args.models:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -36,11 +37,24 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def load_average() -> str:
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat", encoding="utf-8") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + fields[4]  # total, idle + iowait
+
+
+def machine_load(seconds: float = 1.0) -> str:
+    """How busy the whole machine was over the next ``seconds`` (before the benchmark starts,
+    this is other processes' work), plus the load averages."""
     try:
-        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
+        total0, idle0 = _cpu_times()
+        time.sleep(seconds)
+        total1, idle1 = _cpu_times()
+        busy = 100.0 * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+        loads = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (OSError, ValueError, IndexError):
         return "unknown"
+    return f"{busy:.0f} % CPU busy over {seconds:g} s (load averages {loads})"
 
 
 def machine_lines(threads: int, load_before: str) -> list[str]:
@@ -60,8 +74,9 @@ def machine_lines(threads: int, load_before: str) -> list[str]:
         f"onnxscript {_version('onnxscript')}, ember {ember.__version__}",
         f"* OS: {platform.platform()}",
         f"* Date: {now}",
-        f"* Load average (1, 5, 15 min): {load_before} before the run, {load_average()} after "
-        "(other work on the machine skews the timings, eager PyTorch's most)",
+        f"* Machine load just before the run: {load_before}; just after: {machine_load()}. "
+        "Other work on the machine skews the timings (eager PyTorch's and Inductor's OpenMP "
+        "threads the most).",
     ]
 
 
@@ -84,7 +99,8 @@ def method_lines(settings: Settings) -> list[str]:
         "* *vs eager* = eager median / backend median (> 1: faster than eager); "
         "*vs ORT* = backend median / ORT median (< 1: faster than ORT).",
         "* *Rounds* is the spread of the per-round medians (min–max); *setup* is "
-        "compile/export time plus the first call.",
+        "compile/export time plus the first call (Inductor's may come from its on-disk cache of "
+        "earlier runs).",
     ]
 
 
