@@ -85,6 +85,26 @@ impl Builder {
         self.op(Op::Permute { perm }, &[v])
     }
 
+    /// Elements `start, start+step, … < end` of `axis`.
+    pub fn slice(
+        &mut self,
+        v: ValueId,
+        axis: usize,
+        start: Dim,
+        end: Dim,
+        step: i64,
+    ) -> Result<ValueId> {
+        self.op(
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            },
+            &[v],
+        )
+    }
+
     /// numpy-style broadcasting of `v` to `shape` (leading dims added by reshape).
     pub fn broadcast_to(&mut self, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
         let cur = self.shape(v);

@@ -1,7 +1,7 @@
 //! Tensor creation: full/zeros/ones (and their `_like`/`new_` forms), scalar_tensor, arange.
 
 use super::{tensor, Handler};
-use crate::dim::{Dim, DimOp};
+use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::pt2::args::{Arg, NodeArgs};
@@ -130,7 +130,6 @@ fn arange(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         )));
     }
     let len = ((e - s) / st).ceil().max(0.0) as i64;
-    let _ = DimOp::Add;
     Ok(Out::Value(ctx.b.source(
         Op::Iota { start, step },
         TensorType::new(dtype, vec![Dim::Const(len)]),

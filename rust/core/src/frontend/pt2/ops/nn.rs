@@ -345,15 +345,9 @@ fn encoder_layer(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         let qkv = linear_layer(&mut ctx.b, v, qkv_w, Some(qkv_b))?;
         let mut parts = Vec::new();
         for i in 0..3 {
-            let s = ctx.b.op(
-                Op::Slice {
-                    axis: 2,
-                    start: Dim::Const(i * e),
-                    end: Dim::Const((i + 1) * e),
-                    step: 1,
-                },
-                &[qkv],
-            )?;
+            let s = ctx
+                .b
+                .slice(qkv, 2, Dim::Const(i * e), Dim::Const((i + 1) * e), 1)?;
             let s = ctx.b.reshape(
                 s,
                 vec![bsz.clone(), len.clone(), Dim::Const(heads), Dim::Const(hd)],

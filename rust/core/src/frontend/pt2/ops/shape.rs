@@ -218,15 +218,7 @@ fn slice(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     if start.as_const() == Some(0) && end == size && step == 1 {
         return Ok(Out::Value(x));
     }
-    Ok(Out::Value(ctx.b.op(
-        Op::Slice {
-            axis: a,
-            start,
-            end,
-            step,
-        },
-        &[x],
-    )?))
+    Ok(Out::Value(ctx.b.slice(x, a, start, end, step)?))
 }
 
 fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId> {
@@ -244,15 +236,7 @@ fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId>
         None => Dim::Const(index),
     };
     let end = &start + &Dim::Const(1);
-    let s = ctx.b.op(
-        Op::Slice {
-            axis: a,
-            start,
-            end,
-            step: 1,
-        },
-        &[x],
-    )?;
+    let s = ctx.b.slice(x, a, start, end, 1)?;
     let mut new = shape.clone();
     new.remove(a);
     ctx.b.reshape(s, new)
@@ -271,15 +255,7 @@ fn narrow(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let size = ctx.b.shape(x)[a].clone();
     let start = clamp_bound(n.int("start", 2)?, &size);
     let end = &start + &Dim::Const(n.int("length", 3)?);
-    Ok(Out::Value(ctx.b.op(
-        Op::Slice {
-            axis: a,
-            start,
-            end,
-            step: 1,
-        },
-        &[x],
-    )?))
+    Ok(Out::Value(ctx.b.slice(x, a, start, end, 1)?))
 }
 
 fn cat_values(ctx: &mut Ctx, vals: Vec<ValueId>, dim: i64) -> Result<ValueId> {
@@ -354,15 +330,7 @@ fn split_sizes(ctx: &mut Ctx, x: ValueId, a: usize, sizes: &[Dim]) -> Result<Vec
         let piece = if start.as_const() == Some(0) && end == ctx.b.shape(x)[a] {
             x
         } else {
-            ctx.b.op(
-                Op::Slice {
-                    axis: a,
-                    start: start.clone(),
-                    end: end.clone(),
-                    step: 1,
-                },
-                &[x],
-            )?
+            ctx.b.slice(x, a, start.clone(), end.clone(), 1)?
         };
         out.push(Some(piece));
         start = end;
@@ -524,15 +492,7 @@ fn pad(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         if p.0 < 0 || p.1 < 0 {
             let start = Dim::Const((-p.0).max(0));
             let end = &size - &Dim::Const((-p.1).max(0));
-            x = ctx.b.op(
-                Op::Slice {
-                    axis: a,
-                    start,
-                    end,
-                    step: 1,
-                },
-                &[x],
-            )?;
+            x = ctx.b.slice(x, a, start, end, 1)?;
             p.0 = p.0.max(0);
             p.1 = p.1.max(0);
         }
