@@ -18,18 +18,22 @@ from ember.errors import (
     UnsupportedOpError,
 )
 from ember.options import Options
+from ember.report import Candidate, SearchReport, last_report
 
 __all__ = [
+    "Candidate",
     "CompileError",
     "CompiledModel",
     "EmberError",
     "EmberRuntimeError",
     "InputError",
     "Options",
+    "SearchReport",
     "ShapeError",
     "UnsupportedOpError",
     "__version__",
     "compile",
     "compile_pt2",
     "ember_backend",
+    "last_report",
 ]

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from ember import _core
 from ember.compiled import CompiledModel
@@ -23,9 +24,9 @@ def compile(model: torch.nn.Module, *example_inputs: Any, **options: Any) -> Com
     opts = Options.from_dict(options)
     ep = export_program(model, example_inputs)
     program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
-    return CompiledModel(
-        program, opts.backend, opts.threads, live_weights(ep), ep.call_spec.out_spec
-    )
+    leaves = pytree.tree_leaves(example_inputs)
+    shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+    return CompiledModel(program, opts, live_weights(ep), ep.call_spec.out_spec, shapes)
 
 
 def compile_pt2(path: str | os.PathLike[str], **options: Any) -> CompiledModel:
@@ -36,4 +37,4 @@ def compile_pt2(path: str | os.PathLike[str], **options: Any) -> CompiledModel:
     """
     opts = Options.from_dict(options)
     program = _core.load_pt2(path=os.fspath(path), load_weights=True)
-    return CompiledModel(program, opts.backend, opts.threads)
+    return CompiledModel(program, opts)

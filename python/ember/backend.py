@@ -57,13 +57,8 @@ class _DynamoGraph:
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         ep = export_program(self.gm, args, dynamic_shapes=dynamic_shapes)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
-        model = CompiledModel(
-            program,
-            self.options.backend,
-            self.options.threads,
-            live_weights(ep),
-            ep.call_spec.out_spec,
-        )
+        shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        model = CompiledModel(program, self.options, live_weights(ep), ep.call_spec.out_spec, shapes)
         global _programs_compiled
         _programs_compiled += 1
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

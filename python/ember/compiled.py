@@ -3,14 +3,20 @@ input/output structure). Inputs and outputs move by pointer; weights are bound o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
 
 from ember import _core
 from ember.errors import InputError
+from ember.options import Options
+from ember.report import SearchReport, record
+
+_T = TypeVar("_T")
 
 _TORCH_TO_NAME = {
     torch.bool: "bool",
@@ -62,24 +68,66 @@ def _output_kind(spec: Any) -> str:
     return "spec"
 
 
+def _with_progress(work: Callable[[], _T], budget_s: float, quiet: bool) -> _T:
+    """Runs ``work`` (which releases the GIL); when it takes longer than a second, shows a
+    tqdm bar of the optimizer's time budget until it finishes."""
+    if quiet:
+        return work()
+    done = threading.Event()
+
+    def show() -> None:
+        if done.wait(1.0):
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        total = round(max(budget_s, 1.0), 1)
+        start = time.monotonic() - 1.0
+        with tqdm(total=total, desc="ember: searching", unit="s", leave=False) as bar:
+            while not done.wait(0.2):
+                bar.n = round(min(time.monotonic() - start, total), 1)
+                bar.refresh()
+
+    watcher = threading.Thread(target=show, daemon=True)
+    watcher.start()
+    try:
+        return work()
+    finally:
+        done.set()
+        watcher.join()
+
+
 class CompiledModel:
     """A model compiled by Ember. Call it like the original model."""
 
     def __init__(
         self,
         program: Any,
-        backend: str,
-        num_threads: int,
+        options: Options,
         weights: dict[str, torch.Tensor] | None = None,
         out_spec: Any = None,
+        example_shapes: list[list[int]] | None = None,
     ) -> None:
         self._program = program
-        self._backend = backend
-        self._num_threads = num_threads
+        self._options = options
+        self._backend = options.backend
+        self._num_threads = options.threads
         self._weights = {
             name: weights[name] for name, _, _ in program.weight_specs if name in (weights or {})
         }
-        self._bind()
+        bound, self._keep_alive = _bind_weights(self._weights, self._program.weight_specs)
+        self._versions = [t._version for t in self._weights.values()]
+        search = options.search_args(example_shapes)
+        self._exe = _with_progress(
+            lambda: _core.compile(
+                program, self._backend, bound, self._num_threads, **search
+            ),
+            options.time_budget_s,
+            options.quiet or options.search_iterations == 0,
+        )
+        self._report = SearchReport.from_core(self._exe.report())
+        record(self._report)
         self._out_spec = out_spec
         self._out_kind = _output_kind(out_spec)
         self._input_dtypes = program.input_dtypes
@@ -92,7 +140,7 @@ class CompiledModel:
         recorded, and `run_flat` binds again when a weight has changed since."""
         bound, self._keep_alive = _bind_weights(self._weights, self._program.weight_specs)
         self._versions = [t._version for t in self._weights.values()]
-        self._exe = _core.compile(self._program, self._backend, bound, self._num_threads)
+        self._exe = self._exe.rebind(bound)
 
     @property
     def input_names(self) -> list[str]:
@@ -103,8 +151,12 @@ class CompiledModel:
         return self._program.output_names
 
     def ir(self) -> str:
-        """The compiled IR graph as text."""
-        return self._program.ir()
+        """The program that runs (after optimization), as IR text."""
+        return self._exe.ir()
+
+    def report(self) -> SearchReport:
+        """What the optimizer did: rules fired, candidates measured and verified, the choice."""
+        return self._report
 
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Runs on a flat list of tensors and returns a flat list of outputs."""

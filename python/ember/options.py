@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -21,12 +22,24 @@ class Options:
         warns once naming the unsupported ops; "error" raises ``ember.UnsupportedOpError``.
     num_threads: worker threads of the CPU runtime (default: ``torch.get_num_threads()``).
     export: how a torch model reaches Ember; only "pt2" (``torch.export``) for now.
+    search_iterations: candidate programs the optimizer measures at most (0 turns the
+        optimizer off: the program runs as translated).
+    time_budget_s: wall time the optimizer may spend measuring candidates.
+    cache: reuse (and store) the optimizer's choice in the compile cache
+        (``EMBER_CACHE_DIR``, default the user cache dir), so a second process skips search.
+    quiet: no progress bar while the optimizer searches.
+    seed: seeds the optimizer's random inputs and choices (same seed, same program).
     """
 
     backend: str = "cpu"
     fallback: str = "eager"
     num_threads: int = 0
     export: str = "pt2"
+    search_iterations: int = 8
+    time_budget_s: float = 3.0
+    cache: bool = True
+    quiet: bool = False
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
@@ -41,6 +54,14 @@ class Options:
             raise ValueError(f"ember option export={self.export!r}; valid: pt2")
         if self.num_threads < 0:
             raise ValueError(f"ember option num_threads={self.num_threads} must be >= 0")
+        if self.search_iterations < 0:
+            raise ValueError(
+                f"ember option search_iterations={self.search_iterations} must be >= 0"
+            )
+        if not self.time_budget_s >= 0:
+            raise ValueError(f"ember option time_budget_s={self.time_budget_s} must be >= 0")
+        if self.seed < 0:
+            raise ValueError(f"ember option seed={self.seed} must be >= 0")
 
     @property
     def threads(self) -> int:
@@ -55,9 +76,42 @@ class Options:
                 raise ValueError(
                     f"Unsupported ember option {key!r}; valid: {', '.join(sorted(fields))}"
                 )
-            want = int if fields[key].type == "int" else str
-            if not isinstance(value, want) or isinstance(value, bool):
+            kind = str(fields[key].type)
+            want = _TYPES[kind]
+            ok = isinstance(value, want) and (kind == "bool" or not isinstance(value, bool))
+            if not ok:
                 raise TypeError(
-                    f"ember option {key!r} must be {want.__name__}, got {type(value).__name__}"
+                    f"ember option {key!r} must be {kind}, got {type(value).__name__}"
                 )
+            if kind == "float":
+                options[key] = float(value)
         return cls(**options)
+
+    def search_args(self, example_shapes: list[list[int]] | None) -> dict[str, Any]:
+        """Keyword arguments of ``_core.compile`` that steer the optimizer."""
+        return {
+            "search_iterations": self.search_iterations,
+            "time_budget_s": self.time_budget_s,
+            "seed": self.seed,
+            "input_shapes": example_shapes,
+            "cache_dir": cache_dir() if self.cache else None,
+        }
+
+
+# Option types as dataclasses record them (annotations are strings here); an int is a fine
+# float, a bool is not an int.
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "str": str,
+    "bool": bool,
+    "float": (int, float),
+}
+
+
+def cache_dir() -> str:
+    """Where the compile cache lives: ``EMBER_CACHE_DIR``, else the user cache dir."""
+    env = os.environ.get("EMBER_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ember")

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::dtype::DType;
 use crate::error::Result;
-use crate::ir::Graph;
+use crate::ir::{Graph, Op};
 use crate::tensor::{HostTensor, TensorOut, TensorView};
 
 /// Weights by name, bound once when a program is compiled.
@@ -16,6 +17,36 @@ pub trait Backend: Send + Sync {
 
     /// Turns a verified graph into an executable program. Weights are bound here, once.
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>>;
+
+    /// The implementation choices this backend offers the optimizer (its `lower_<name>`
+    /// ruleset). Every choice computes exactly what the op it replaces computes.
+    fn lowering_rules(&self) -> Vec<LoweringRule> {
+        Vec::new()
+    }
+
+    /// Names the device programs run on, for compile-cache keys ("cpu x86_64 2 threads").
+    fn device_name(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// One family of implementation alternatives a backend adds to the e-graph.
+#[derive(Clone, Debug)]
+pub enum LoweringRule {
+    /// Compute ops for which `applies(op, dtype, rank)` holds with the backend kernel `kernel`
+    /// (an `Op::Kernel` wrapping the op).
+    Kernel {
+        kernel: &'static str,
+        applies: fn(&Op, DType, usize) -> bool,
+    },
+    /// Materialize operand `operand` of ops for which `consumer` holds, when that operand is a
+    /// view for which `view` holds, with the backend kernel `kernel` (a packed copy).
+    PackOperand {
+        kernel: &'static str,
+        consumer: fn(&Op) -> bool,
+        operand: usize,
+        view: fn(&Op) -> bool,
+    },
 }
 
 /// A compiled program. It may be run from several threads at once.

@@ -2,12 +2,16 @@
 //! interface. It knows nothing of Python or of any particular backend.
 
 pub mod backend;
+pub mod cache;
 pub mod dim;
 pub mod dtype;
+pub mod egraph;
 pub mod error;
+pub mod extract;
 pub mod frontend;
 pub mod interp;
 pub mod ir;
+pub mod search;
 pub mod shapes;
 pub mod tensor;
 

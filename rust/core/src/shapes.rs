@@ -99,14 +99,15 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
         let ins: Vec<&Vec<usize>> = node.inputs.iter().map(|&i| &shapes[i]).collect();
         let out = &shapes[id];
         // A malformed (unverified) graph must give an error here, never an index panic.
-        let arity_ok = match &node.op {
+        let op = node.op.semantics();
+        let arity_ok = match op {
             Op::Binary(_) | Op::Dot => ins.len() == 2,
             Op::Where => ins.len() == 3,
             Op::Reshape { .. } | Op::Expand { .. } | Op::Slice { .. } => ins.len() == 1,
             _ => true,
         };
         let ok = arity_ok
-            && match &node.op {
+            && match op {
                 Op::Binary(_) => ins[0] == ins[1] && ins[0] == out,
                 Op::Where => ins[0] == ins[1] && ins[1] == ins[2],
                 Op::Reshape { .. } => {

@@ -15,6 +15,10 @@ use crate::buffer::Val;
 use crate::fuse::Fusion;
 use crate::kernels::movement::{bind_bytes, permute, scalar};
 
+/// Kernel names of the CPU backend's lowering choices (see `CpuBackend::lowering_rules`).
+pub const KERNEL_ROWWISE: &str = "cpu.rowwise";
+pub const KERNEL_PACKED: &str = "cpu.packed";
+
 /// Signatures kept before the cache is cleared (bounds memory under many dynamic shapes).
 const MAX_PLANS: usize = 256;
 
@@ -114,6 +118,19 @@ impl Program {
                 }
                 Op::Permute { perm } => prepack_permuted_weight(&graph, node, perm, &bound)
                     .map_err(|e| compile_err(node, e))?,
+                Op::Kernel { name, base } => match (name.as_str(), base.as_ref()) {
+                    (KERNEL_PACKED, Op::Permute { perm }) => {
+                        prepack_permuted_weight(&graph, node, perm, &bound)
+                            .map_err(|e| compile_err(node, e))?
+                    }
+                    (KERNEL_ROWWISE, Op::Dot) if dtype == ember_core::dtype::DType::F32 => None,
+                    _ => {
+                        return Err(compile_err(
+                            node,
+                            format!("the CPU backend has no kernel '{name}' for {}", base.name()),
+                        ))
+                    }
+                },
                 _ => None,
             };
             bound.push(val);

@@ -12,7 +12,7 @@ use ember_core::{Error, Result};
 
 use crate::arena::Arena;
 use crate::buffer::{is_aligned, Layout, Storage, Val};
-use crate::compile::{Plan, Program};
+use crate::compile::{Plan, Program, KERNEL_PACKED, KERNEL_ROWWISE};
 use crate::error::{CpuError, KResult};
 use crate::fuse::{dot_in_place, Role};
 use crate::kernels::{
@@ -265,6 +265,12 @@ fn eval(
         Op::Weight { .. } | Op::Constant(_) => bound(),
         // A permuted weight was pre-packed at compile time.
         Op::Permute { .. } if prog.bound[id].is_some() => bound(),
+        Op::Kernel { .. } if prog.bound[id].is_some() => bound(),
+        Op::Kernel { name, base } => match (name.as_str(), base.as_ref()) {
+            (KERNEL_ROWWISE, Op::Dot) => dot::dot_rowwise(arg(0)?, arg(1)?, threads),
+            (KERNEL_PACKED, Op::Permute { perm }) => mv::permute(arg(0)?, perm)?.contiguous(),
+            _ => Err(CpuError::Unsupported(format!("no CPU kernel '{name}'"))),
+        },
         Op::Full { .. } => mv::full(&bound()?, shape),
         Op::Iota { start, step } => {
             mv::iota(dtype, *start, *step, shape.first().copied().unwrap_or(1))

@@ -13,8 +13,9 @@ mod strided;
 
 use std::sync::Arc;
 
-use ember_core::backend::{Backend, Executable, Weights};
-use ember_core::ir::Graph;
+use ember_core::backend::{Backend, Executable, LoweringRule, Weights};
+use ember_core::dtype::DType;
+use ember_core::ir::{Graph, Op};
 use ember_core::tensor::{TensorOut, TensorView};
 use ember_core::{Error, Result};
 
@@ -83,6 +84,32 @@ impl Backend for CpuBackend {
             pool: self.pool.clone(),
             threads: self.num_threads,
         }))
+    }
+
+    /// The CPU's implementation choices: `dot` by GEMM (default) or by row-wise dot
+    /// products (matrix-vector shapes), and a permuted `dot` operand read in place (default)
+    /// or packed contiguous first.
+    fn lowering_rules(&self) -> Vec<LoweringRule> {
+        vec![
+            LoweringRule::Kernel {
+                kernel: compile::KERNEL_ROWWISE,
+                applies: |op, dtype, _rank| matches!(op, Op::Dot) && dtype == DType::F32,
+            },
+            LoweringRule::PackOperand {
+                kernel: compile::KERNEL_PACKED,
+                consumer: |op| matches!(op, Op::Dot),
+                operand: 1,
+                view: |op| matches!(op, Op::Permute { .. }),
+            },
+        ]
+    }
+
+    fn device_name(&self) -> String {
+        format!(
+            "cpu {} {} threads",
+            std::env::consts::ARCH,
+            self.num_threads
+        )
     }
 }
 

@@ -4,16 +4,20 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
 
 use ember_core::backend::{Backend, Executable as CoreExecutable, Weights};
 use ember_core::dtype::DType;
 use ember_core::frontend::pt2::{self, Pt2Program};
 use ember_core::ir::Graph;
+use ember_core::search::{SearchOptions, SearchReport};
 use ember_core::tensor::{HostTensor, TensorOut, TensorView};
 use ember_core::Error;
 
@@ -193,6 +197,10 @@ struct Executable {
     inner: Box<dyn CoreExecutable>,
     graph: Arc<Pt2Program>,
     backend: String,
+    num_threads: usize,
+    /// The program the optimizer adopted (the input program when it adopted none).
+    optimized: Graph,
+    report: SearchReport,
 }
 
 #[pymethods]
@@ -200,6 +208,37 @@ impl Executable {
     #[getter]
     fn backend(&self) -> String {
         self.backend.clone()
+    }
+
+    /// The program that runs (after optimization), as text.
+    fn ir(&self) -> String {
+        self.optimized.to_string()
+    }
+
+    /// What the optimizer did, as plain Python data (see `ember.SearchReport`).
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        report_dict(py, &self.report)
+    }
+
+    /// The same optimized program compiled again with new weight buffers (no new search):
+    /// for weights changed in place after compiling.
+    #[pyo3(signature = (weights=None))]
+    fn rebind(
+        &self,
+        py: Python<'_>,
+        weights: Option<HashMap<String, RawBuffer>>,
+    ) -> PyResult<Executable> {
+        let bound = bind_weights(&self.graph, weights)?;
+        let backend_impl = make_backend(&self.backend, self.num_threads)?;
+        let exe = py.detach(|| guard(|| backend_impl.compile(&self.optimized, &bound)))?;
+        Ok(Executable {
+            inner: exe,
+            graph: self.graph.clone(),
+            backend: self.backend.clone(),
+            num_threads: self.num_threads,
+            optimized: self.optimized.clone(),
+            report: self.report.clone(),
+        })
     }
 
     /// Output shapes for the given input shapes (raises `InputError` when they do not fit).
@@ -274,19 +313,12 @@ impl Executable {
 /// Raw views crossing into the GIL-free section.
 struct SendPtrs(Vec<TensorView>, Vec<TensorOut>);
 
-/// Compiles a program for a backend, binding weights once: `weights` maps each name to a
-/// live buffer `(ptr, dtype, shape)` the caller keeps alive as long as the executable.
-/// Weights not given are taken from those loaded with the archive.
-#[pyfunction]
-#[pyo3(signature = (program, backend="cpu", weights=None, num_threads=1))]
-fn compile(
-    py: Python<'_>,
-    program: &Program,
-    backend: &str,
+/// The weights a program reads: `weights` maps names to live buffers `(ptr, dtype, shape)`
+/// the caller keeps alive as long as the executable; the rest come from the archive.
+fn bind_weights(
+    prog: &Pt2Program,
     weights: Option<HashMap<String, RawBuffer>>,
-    num_threads: usize,
-) -> PyResult<Executable> {
-    let prog = program.inner.clone();
+) -> PyResult<Weights> {
     let mut bound: Weights = prog.weights.clone();
     for (name, (ptr, dt, shape)) in weights.unwrap_or_default() {
         let dt = dtype(&dt)?;
@@ -309,13 +341,94 @@ fn compile(
             _ => {}
         }
     }
-    let backend_impl = make_backend(backend, num_threads.max(1))?;
-    let exe = py.detach(|| guard(|| backend_impl.compile(&prog.graph, &bound)))?;
+    Ok(bound)
+}
+
+/// Compiles a program for a backend, binding weights once (see `bind_weights`). The
+/// optimizer searches up to `search_iterations` candidate programs (0: none) within
+/// `time_budget_s`, measuring them on inputs shaped like `input_shapes` (needed when the
+/// program has symbolic dims), and caches its choice under `cache_dir` when given.
+#[pyfunction]
+#[pyo3(signature = (program, backend="cpu", weights=None, num_threads=1, search_iterations=8,
+    time_budget_s=3.0, seed=0, input_shapes=None, cache_dir=None))]
+#[allow(clippy::too_many_arguments)]
+fn compile(
+    py: Python<'_>,
+    program: &Program,
+    backend: &str,
+    weights: Option<HashMap<String, RawBuffer>>,
+    num_threads: usize,
+    search_iterations: usize,
+    time_budget_s: f64,
+    seed: u64,
+    input_shapes: Option<Vec<Vec<usize>>>,
+    cache_dir: Option<String>,
+) -> PyResult<Executable> {
+    let prog = program.inner.clone();
+    let bound = bind_weights(&prog, weights)?;
+    let num_threads = num_threads.max(1);
+    let backend_impl = make_backend(backend, num_threads)?;
+    if !(time_budget_s.is_finite() && time_budget_s >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "time_budget_s must be a non-negative number, got {time_budget_s}"
+        )));
+    }
+    let opts = SearchOptions {
+        // Searching the reference interpreter would only time the oracle against itself.
+        iterations: if backend == "reference" {
+            0
+        } else {
+            search_iterations
+        },
+        time_budget: Duration::from_secs_f64(time_budget_s),
+        seed,
+        input_shapes,
+        cache_dir: cache_dir.map(PathBuf::from),
+        ..SearchOptions::default()
+    };
+    let done = py.detach(|| {
+        guard(|| ember_core::search::optimize(&prog.graph, backend_impl.as_ref(), &bound, &opts))
+    })?;
     Ok(Executable {
-        inner: exe,
+        inner: done.executable,
         graph: prog,
         backend: backend.to_owned(),
+        num_threads,
+        optimized: done.graph,
+        report: done.report,
     })
+}
+
+/// The report as a dict of plain Python values.
+fn report_dict<'py>(py: Python<'py>, r: &SearchReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let s = &r.saturation;
+    d.set_item("egraph_nodes", s.egraph_nodes)?;
+    d.set_item("iterations", s.iterations)?;
+    d.set_item("fixed_point", s.fixed_point)?;
+    d.set_item("stop_reason", &s.stop_reason)?;
+    d.set_item("saturation_time_s", s.time_s)?;
+    let fired = PyDict::new(py);
+    for (k, v) in &s.rules_fired {
+        fired.set_item(k, v)?;
+    }
+    d.set_item("rules_fired", fired)?;
+    let cands = PyList::empty(py);
+    for c in &r.candidates {
+        let cd = PyDict::new(py);
+        cd.set_item("description", &c.description)?;
+        cd.set_item("cost", c.cost)?;
+        cd.set_item("time_s", c.time_s)?;
+        cd.set_item("verified", c.verified)?;
+        cd.set_item("error", &c.error)?;
+        cands.append(cd)?;
+    }
+    d.set_item("candidates", cands)?;
+    d.set_item("chosen", r.chosen)?;
+    d.set_item("cache_hit", r.cache_hit)?;
+    d.set_item("note", &r.note)?;
+    d.set_item("time_s", r.time_s)?;
+    Ok(d)
 }
 
 #[pymodule]

@@ -73,6 +73,7 @@ pub fn infer_type(
 ) -> Result<TensorType> {
     let first = inputs.first().copied();
     let out = match op {
+        Op::Kernel { base, .. } => return infer_type(base, inputs, declared),
         Op::Input { .. } | Op::Weight { .. } | Op::Full { .. } => {
             arity(op, inputs, 0)?;
             declared

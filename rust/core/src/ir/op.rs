@@ -360,6 +360,13 @@ pub enum Op {
         causal: bool,
         has_mask: bool,
     },
+    /// `base` computed by a named backend kernel (`"cpu.rowwise"`): the same semantics as
+    /// `base`, chosen by a backend's lowering rules. Backends reject kernel names they do not
+    /// know; the interpreter evaluates `base`.
+    Kernel {
+        name: String,
+        base: Box<Op>,
+    },
 }
 
 impl Op {
@@ -391,12 +398,25 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm".into(),
             Op::RmsNorm { .. } => "rms_norm".into(),
             Op::Attention { .. } => "attention".into(),
+            Op::Kernel { name, base } => format!("{}@{name}", base.name()),
+        }
+    }
+
+    /// The op whose semantics this node has: `base` for a backend kernel, else itself.
+    pub fn semantics(&self) -> &Op {
+        match self {
+            Op::Kernel { base, .. } => base.semantics(),
+            op => op,
         }
     }
 
     /// Ops whose output is a re-indexing of their single input: backends may implement them
     /// without copying.
     pub fn is_view(&self) -> bool {
+        if let Op::Kernel { .. } = self {
+            // A kernel materializes its result, even for a view base.
+            return false;
+        }
         matches!(
             self,
             Op::Reshape { .. }

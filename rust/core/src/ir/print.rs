@@ -40,6 +40,7 @@ impl fmt::Display for Graph {
                     causal,
                     has_mask,
                 } => format!("scale={scale} causal={causal} mask={has_mask}"),
+                Op::Kernel { base, .. } => format!("{base:?}"),
                 _ => String::new(),
             };
             writeln!(

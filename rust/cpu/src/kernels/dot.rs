@@ -257,3 +257,81 @@ fn dot_loops<T: Copy + Send + Sync + Default, A: Copy + Send + Sync>(
         Ok(())
     })
 }
+
+/// Outputs per parallel task of the row-wise product (enough to amortize a task).
+const ROWWISE_CHUNK: usize = 64;
+
+/// `a · b` in f32, one output at a time as a dot product over contiguous K (kernel
+/// `cpu.rowwise`). This is the matrix-vector shape of one-token decode, where a GEMM's
+/// packing of `a` costs more than it saves. `b` is read as `[N, K]` rows (the layout of a
+/// `linear` weight, which `dot` sees transposed); operands in any other layout are copied
+/// once per call.
+pub fn dot_rowwise(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
+    if a.dtype != DType::F32 || b.dtype != DType::F32 {
+        return Err(CpuError::Unsupported(format!(
+            "the row-wise dot kernel takes f32, got {} and {}",
+            a.dtype, b.dtype
+        )));
+    }
+    let (batch, m, k, n) = dims(a, b)?;
+    let r = batch.len();
+    // K must be the unit-stride dim of both operands.
+    let a = if a.view::<f32>()?.strides[r + 1] == 1 || k <= 1 {
+        a.clone()
+    } else {
+        a.contiguous()?
+    };
+    let mut swap: Vec<usize> = (0..r).collect();
+    swap.extend([r + 1, r]);
+    let bt = crate::kernels::movement::permute(b, &swap)?;
+    let bt = if bt.view::<f32>()?.strides[r + 1] == 1 || k <= 1 {
+        bt
+    } else {
+        bt.contiguous()?
+    };
+    let (va, vb) = (a.view::<f32>()?, bt.view::<f32>()?);
+    let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
+    let (ars, brs) = (va.strides[r], vb.strides[r]);
+    let mut shape = batch;
+    shape.extend([m, n]);
+    Val::build::<f32>(DType::F32, &shape, |out| {
+        let one = |start: usize, o: &mut [f32]| {
+            for (t, d) in o.iter_mut().enumerate() {
+                let flat = start + t;
+                let (row, j) = (flat / n, flat % n);
+                let (bi, i) = (row / m, row % m);
+                let [oa, ob] = offs[bi];
+                let x = va.run(oa + i as isize * ars, k);
+                let y = vb.run(ob + j as isize * brs, k);
+                *d = dot_f32(x, y);
+            }
+        };
+        if threads > 1 && out.len() * k >= 1 << 16 {
+            out.par_chunks_mut(ROWWISE_CHUNK)
+                .enumerate()
+                .for_each(|(c, o)| one(c * ROWWISE_CHUNK, o));
+        } else {
+            one(0, out);
+        }
+        Ok(())
+    })
+}
+
+/// Σ x·y with eight independent accumulators (vectorizes; the summation order differs from
+/// a GEMM's only by rounding).
+#[inline]
+fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (a, b) in xc.zip(yc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (a, b) in xr.iter().zip(yr) {
+        s += a * b;
+    }
+    s
+}

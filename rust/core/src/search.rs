@@ -1,0 +1,535 @@
+//! Measured, verified search over candidate programs (DESIGN §5).
+//!
+//! The e-graph's default extraction and its alternatives (one changed choice each, then a
+//! combination of the winners) are compiled on the real backend and timed on random inputs
+//! (warm-up, repeats, median). A candidate is adopted only if its outputs match the
+//! reference interpreter running the *input* program on the same inputs. The fastest
+//! verified candidate wins; if none verifies, the input program itself runs.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, Executable, Weights};
+use crate::cache::{Cache, Entry};
+use crate::dtype::DType;
+use crate::egraph::{self, Budget, SaturationReport};
+use crate::error::Result;
+use crate::extract::{Candidate, DefaultCost, Extractor, Genome};
+use crate::interp::ReferenceBackend;
+use crate::interp::Value;
+use crate::ir::Graph;
+use crate::tensor::{contiguous_strides, TensorOut, TensorView};
+
+/// The fastest verified candidate so far: time, index, executable, program, genome.
+type Best = (f64, usize, Box<dyn Executable>, Graph, Genome);
+
+/// Relative timing difference treated as noise when comparing candidates.
+const NOISE: f64 = 0.03;
+
+#[derive(Clone, Debug)]
+pub struct SearchOptions {
+    /// Candidates measured at most (the default program counts). 0 disables the optimizer:
+    /// the input program runs as translated.
+    pub iterations: usize,
+    /// Wall time for measuring; the default program is always measured.
+    pub time_budget: Duration,
+    /// Timed runs per candidate (after one warm-up); the median counts.
+    pub repeats: usize,
+    /// Seeds the random inputs and the random combinations of choices.
+    pub seed: u64,
+    /// Example input shapes (needed when the program has symbolic dims).
+    pub input_shapes: Option<Vec<Vec<usize>>>,
+    pub saturation: Budget,
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for SearchOptions {
+    fn default() -> SearchOptions {
+        SearchOptions {
+            iterations: 8,
+            time_budget: Duration::from_secs(3),
+            repeats: 5,
+            seed: 0,
+            input_shapes: None,
+            saturation: Budget::default(),
+            cache_dir: None,
+        }
+    }
+}
+
+/// One measured candidate.
+#[derive(Clone, Debug, Default)]
+pub struct CandidateReport {
+    pub description: String,
+    pub cost: f64,
+    /// Median run time (None: not measured, e.g. it failed to compile).
+    pub time_s: Option<f64>,
+    /// Whether its outputs matched the reference (None: not checked).
+    pub verified: Option<bool>,
+    pub error: Option<String>,
+}
+
+/// What the optimizer did for one compile.
+#[derive(Clone, Debug, Default)]
+pub struct SearchReport {
+    pub saturation: SaturationReport,
+    pub candidates: Vec<CandidateReport>,
+    /// Index of the adopted candidate (None: the input program runs unoptimized).
+    pub chosen: Option<usize>,
+    pub cache_hit: bool,
+    /// Why the optimizer did less than a full search, if it did.
+    pub note: String,
+    pub time_s: f64,
+}
+
+/// The adopted program, compiled, and the report.
+pub struct Optimized {
+    pub graph: Graph,
+    pub executable: Box<dyn Executable>,
+    pub report: SearchReport,
+}
+
+/// Optimizes `graph` for `backend` and compiles the result.
+pub fn optimize(
+    graph: &Graph,
+    backend: &dyn Backend,
+    weights: &Weights,
+    opts: &SearchOptions,
+) -> Result<Optimized> {
+    let start = Instant::now();
+    let mut report = SearchReport::default();
+    let unoptimized = |mut report: SearchReport, note: String| -> Result<Optimized> {
+        report.note = note;
+        report.chosen = None;
+        report.time_s = start.elapsed().as_secs_f64();
+        Ok(Optimized {
+            graph: graph.clone(),
+            executable: backend.compile(graph, weights)?,
+            report,
+        })
+    };
+    if opts.iterations == 0 {
+        return unoptimized(report, "optimizer disabled (search_iterations=0)".into());
+    }
+    let shapes = match example_shapes(graph, opts) {
+        Ok(s) => s,
+        Err(note) => return unoptimized(report, note),
+    };
+    let sizes = crate::shapes::resolve(graph, &shapes)?.env;
+
+    let (data, sat) = match egraph::saturate(graph, &backend.lowering_rules(), &opts.saturation) {
+        Ok(x) => x,
+        Err(e) => return unoptimized(report, format!("saturation failed: {e}")),
+    };
+    report.saturation = sat;
+    let model = DefaultCost { sizes };
+    let ex = Extractor::new(&data, graph, &model);
+    let bench = match Bench::new(graph, weights, &shapes, opts) {
+        Ok(b) => b,
+        Err(e) => return unoptimized(report, format!("no reference outputs to verify: {e}")),
+    };
+
+    let cache = opts.cache_dir.as_ref().map(|d| Cache::new(d));
+    let key = Cache::key(graph, &backend.device_name(), Some(&shapes));
+    if let Some(entry) = cache.as_ref().and_then(|c| c.get(&key)) {
+        let genome = entry.genome();
+        if let Ok(g) = ex.build(&genome, graph) {
+            if crate::cache::fingerprint(&g) == entry.fingerprint {
+                let cost = total_cost(&ex, &genome);
+                let (cand, exe) = bench.measure(backend, weights, &g, &entry.description, cost, 1);
+                if cand.verified == Some(true) {
+                    if let Some(exe) = exe {
+                        report.cache_hit = true;
+                        report.candidates.push(cand);
+                        report.chosen = Some(0);
+                        report.time_s = start.elapsed().as_secs_f64();
+                        return Ok(Optimized {
+                            graph: g,
+                            executable: exe,
+                            report,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    let candidates = candidates(&ex, graph, opts.iterations);
+    let mut best: Option<Best> = None;
+    let mut measured: Vec<(Genome, f64)> = Vec::new();
+    let budget_left =
+        |report: &SearchReport| report.candidates.is_empty() || start.elapsed() < opts.time_budget;
+    let consider = |cand: Candidate,
+                    report: &mut SearchReport,
+                    best: &mut Option<Best>,
+                    measured: &mut Vec<(Genome, f64)>| {
+        let (rep, exe) = bench.measure(
+            backend,
+            weights,
+            &cand.graph,
+            &cand.description,
+            cand.cost,
+            opts.repeats,
+        );
+        let index = report.candidates.len();
+        if let (Some(t), Some(true), Some(exe)) = (rep.time_s, rep.verified, exe) {
+            measured.push((cand.genome.clone(), t));
+            // A candidate must beat the best so far by more than timing noise: choices
+            // within noise would flip between compiles of the same model.
+            if best.as_ref().is_none_or(|b| t < b.0 * (1.0 - NOISE)) {
+                *best = Some((t, index, exe, cand.graph, cand.genome));
+            }
+        }
+        report.candidates.push(rep);
+    };
+    for cand in candidates {
+        if !budget_left(&report) || report.candidates.len() >= opts.iterations {
+            break;
+        }
+        consider(cand, &mut report, &mut best, &mut measured);
+    }
+    // Combine every single change that beat the default program by more than noise.
+    if let Some(&(_, base)) = measured.iter().find(|(g, _)| g.is_empty()) {
+        let mut combined = Genome::new();
+        for (g, t) in &measured {
+            if !g.is_empty() && *t < base * (1.0 - NOISE) {
+                combined.extend(g.iter().map(|(&c, &i)| (c, i)));
+            }
+        }
+        let winners = measured
+            .iter()
+            .filter(|(g, t)| !g.is_empty() && *t < base * (1.0 - NOISE))
+            .count();
+        if winners >= 2 && budget_left(&report) && report.candidates.len() < opts.iterations {
+            if let Ok(g) = ex.build(&combined, graph) {
+                let cost = total_cost(&ex, &combined);
+                let cand = Candidate {
+                    description: "combined: ".to_string() + &describe(&ex, &combined),
+                    genome: combined,
+                    graph: g,
+                    cost,
+                };
+                consider(cand, &mut report, &mut best, &mut measured);
+            }
+        }
+    }
+
+    let Some((_, index, exe, g, genome)) = best else {
+        return unoptimized(report, "no candidate was verified".into());
+    };
+    if let Some(cache) = &cache {
+        cache.put(
+            &key,
+            &Entry::new(&genome, &g, &report.candidates[index].description),
+        );
+    }
+    report.chosen = Some(index);
+    report.time_s = start.elapsed().as_secs_f64();
+    Ok(Optimized {
+        graph: g,
+        executable: exe,
+        report,
+    })
+}
+
+/// Input shapes to measure with: the caller's examples, or the graph's own static shapes.
+fn example_shapes(
+    graph: &Graph,
+    opts: &SearchOptions,
+) -> std::result::Result<Vec<Vec<usize>>, String> {
+    if let Some(s) = &opts.input_shapes {
+        return Ok(s.clone());
+    }
+    graph
+        .inputs
+        .iter()
+        .map(|&i| {
+            graph
+                .ty(i)
+                .shape
+                .iter()
+                .map(|d| d.as_const().map(|v| v as usize))
+                .collect::<Option<Vec<usize>>>()
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| "the program has symbolic dims and no example input shapes".to_string())
+}
+
+/// The default program, then single changes ranked by modelled cost, without duplicates
+/// (at most `4 * limit`).
+pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut push = |genome: Genome, out: &mut Vec<Candidate>| {
+        if let Ok(g) = ex.build(&genome, graph) {
+            if seen.insert(g.to_string()) {
+                let cost = total_cost(ex, &genome);
+                out.push(Candidate {
+                    description: if genome.is_empty() {
+                        "default".to_string()
+                    } else {
+                        describe(ex, &genome)
+                    },
+                    genome,
+                    graph: g,
+                    cost,
+                });
+            }
+        }
+    };
+    push(Genome::new(), &mut out);
+    let mut singles: Vec<(f64, usize, usize)> = Vec::new();
+    for c in ex.default_classes() {
+        for (i, cost) in ex.alternatives(c) {
+            // Rank by how much dearer the alternative is than the class's default.
+            let ratio = cost / ex.cost[c].max(1e-9);
+            singles.push((ratio, c, i));
+        }
+    }
+    singles.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    for (_, c, i) in singles {
+        if out.len() >= limit.max(1) * 4 {
+            break;
+        }
+        push(Genome::from([(c, i)]), &mut out);
+    }
+    out
+}
+
+fn describe(ex: &Extractor, genome: &Genome) -> String {
+    let parts: Vec<String> = genome
+        .iter()
+        .map(|(&c, &i)| {
+            let from = ex.best[c].map(|b| ex.describe(c, b)).unwrap_or_default();
+            format!("{from} -> {}", ex.describe(c, i))
+        })
+        .collect();
+    parts.join(", ")
+}
+
+/// Modelled cost of the program a genome describes (tree cost of its roots).
+fn total_cost(ex: &Extractor, genome: &Genome) -> f64 {
+    let base: f64 = ex.data.roots.iter().map(|&r| ex.cost[r]).sum();
+    base + genome
+        .iter()
+        .map(|(&c, &i)| {
+            ex.alternatives(c)
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map(|(_, t)| t - ex.cost[c])
+                .unwrap_or(0.0)
+        })
+        .sum::<f64>()
+}
+
+/// Random inputs, the reference outputs for them, and the timing loop.
+struct Bench {
+    inputs: Vec<Value>,
+    out_dtypes: Vec<DType>,
+    input_bytes: Vec<Vec<u8>>,
+    reference: Vec<Value>,
+}
+
+impl Bench {
+    fn new(
+        graph: &Graph,
+        weights: &Weights,
+        shapes: &[Vec<usize>],
+        opts: &SearchOptions,
+    ) -> Result<Bench> {
+        let mut rng = SplitMix(opts.seed ^ 0x5eed);
+        let mut inputs = Vec::new();
+        for (k, &i) in graph.inputs.iter().enumerate() {
+            let dtype = graph.ty(i).dtype;
+            let shape = shapes[k].clone();
+            let n: usize = shape.iter().product();
+            inputs.push(random_value(dtype, shape, n, &mut rng));
+        }
+        let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| v.to_bytes()).collect();
+        let out_dtypes: Vec<DType> = graph.outputs.iter().map(|&o| graph.ty(o).dtype).collect();
+        let exe = ReferenceBackend.compile(graph, weights)?;
+        let reference = run_once(exe.as_ref(), &inputs, &input_bytes, &out_dtypes)?;
+        Ok(Bench {
+            inputs,
+            out_dtypes,
+            input_bytes,
+            reference,
+        })
+    }
+
+    /// Compiles, verifies and times one program.
+    fn measure(
+        &self,
+        backend: &dyn Backend,
+        weights: &Weights,
+        graph: &Graph,
+        description: &str,
+        cost: f64,
+        repeats: usize,
+    ) -> (CandidateReport, Option<Box<dyn Executable>>) {
+        let mut rep = CandidateReport {
+            description: description.to_string(),
+            cost,
+            ..Default::default()
+        };
+        let exe = match backend.compile(graph, weights) {
+            Ok(e) => e,
+            Err(e) => {
+                rep.error = Some(e.to_string());
+                return (rep, None);
+            }
+        };
+        let outs = match run_once(
+            exe.as_ref(),
+            &self.inputs,
+            &self.input_bytes,
+            &self.out_dtypes,
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                rep.error = Some(e.to_string());
+                return (rep, None);
+            }
+        };
+        let mismatch = outs
+            .iter()
+            .zip(&self.reference)
+            .enumerate()
+            .find_map(|(k, (a, b))| close(a, b).err().map(|m| format!("output {k}: {m}")));
+        rep.verified = Some(mismatch.is_none());
+        if let Some(m) = mismatch {
+            rep.error = Some(m);
+            return (rep, None);
+        }
+        let mut times = Vec::with_capacity(repeats);
+        for _ in 0..repeats.max(1) {
+            let t = Instant::now();
+            if let Err(e) = run_once(
+                exe.as_ref(),
+                &self.inputs,
+                &self.input_bytes,
+                &self.out_dtypes,
+            ) {
+                rep.error = Some(e.to_string());
+                return (rep, None);
+            }
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        rep.time_s = Some(times[times.len() / 2]);
+        (rep, Some(exe))
+    }
+}
+
+/// Runs an executable on contiguous inputs; returns its outputs.
+fn run_once(
+    exe: &dyn Executable,
+    inputs: &[Value],
+    bytes: &[Vec<u8>],
+    dtypes: &[DType],
+) -> Result<Vec<Value>> {
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
+    let out_shapes = exe.output_shapes(&shapes)?;
+    let views: Vec<TensorView> = inputs
+        .iter()
+        .zip(bytes)
+        .map(|(v, b)| TensorView {
+            ptr: b.as_ptr(),
+            dtype: v.dtype,
+            strides: contiguous_strides(&v.shape),
+            shape: v.shape.clone(),
+        })
+        .collect();
+    let mut out_bufs: Vec<Vec<u8>> = out_shapes
+        .iter()
+        .zip(dtypes)
+        .map(|(s, d)| vec![0u8; s.iter().product::<usize>() * d.size()])
+        .collect();
+    let outs: Vec<TensorOut> = out_bufs
+        .iter_mut()
+        .zip(&out_shapes)
+        .zip(dtypes)
+        .map(|((b, s), &d)| TensorOut {
+            ptr: b.as_mut_ptr(),
+            dtype: d,
+            shape: s.clone(),
+        })
+        .collect();
+    // SAFETY: the views and outputs point into live vectors of exactly their sizes, and the
+    // outputs alias nothing.
+    unsafe { exe.run(&views, &outs)? };
+    out_bufs
+        .iter()
+        .zip(out_shapes)
+        .zip(dtypes)
+        .map(|((b, s), &d)| Value::from_bytes(d, s, b))
+        .collect()
+}
+
+/// Whether a candidate's output matches the reference within the dtype's tolerance.
+fn close(got: &Value, want: &Value) -> std::result::Result<(), String> {
+    if got.dtype != want.dtype || got.shape != want.shape {
+        return Err(format!(
+            "{}{:?} instead of {}{:?}",
+            got.dtype, got.shape, want.dtype, want.shape
+        ));
+    }
+    if !want.dtype.is_float() {
+        return if got.to_i64_vec() == want.to_i64_vec() {
+            Ok(())
+        } else {
+            Err("integer values differ".into())
+        };
+    }
+    let (rtol, atol) = match want.dtype {
+        DType::F64 => (1e-9, 1e-12),
+        DType::F32 => (1e-4, 1e-5),
+        DType::F16 => (1e-2, 1e-3),
+        _ => (2e-2, 1e-2),
+    };
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    // Absolute tolerance scales with the output's magnitude: rounding errors do.
+    let scale = b
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
+    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
+        let same =
+            (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol * scale + rtol * y.abs();
+        if !same {
+            return Err(format!("element {i} is {x}, expected {y}"));
+        }
+    }
+    Ok(())
+}
+
+/// Random values in a safe range: floats uniform in [-1, 1) (never all zero), integers 0
+/// (a valid index into any non-empty dim), booleans random.
+fn random_value(dtype: DType, shape: Vec<usize>, n: usize, rng: &mut SplitMix) -> Value {
+    if dtype.is_float() {
+        let v = (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+        Value::from_f64(dtype, shape, v)
+    } else if dtype == DType::Bool {
+        let v = (0..n).map(|_| (rng.next() & 1) as i64).collect();
+        Value::from_i64(dtype, shape, v)
+    } else {
+        Value::from_i64(dtype, shape, vec![0; n])
+    }
+}
+
+/// A small seeded generator (splitmix64): reproducible across platforms and releases.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
