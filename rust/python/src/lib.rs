@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+mod onnx;
+
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -330,6 +332,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_class::<Executable>()?;
     m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
+    m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
