@@ -318,6 +318,10 @@ fn declared_type(vi: &ValueInfoProto, role: &str) -> Result<Option<TensorType>> 
         return Ok(None);
     };
     let Some(t) = tt.tensor_type.as_ref() else {
+        // An output may leave its type empty; an input must be a tensor.
+        if role == "output" {
+            return Ok(None);
+        }
         return Err(Error::unsupported_because(
             format!("non-tensor graph {role}"),
             &name,
