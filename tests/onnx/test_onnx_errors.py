@@ -243,3 +243,11 @@ def test_initializer_model_saved_as_file(tmp_path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     check(model, {"a": X}, compiled=ember.compile_onnx(path))
+
+
+def test_gather_nd_index_out_of_range_is_an_error() -> None:
+    # [0, 7] is out of range for dim 1 (size 4) although 0 * 4 + 7 is a valid flat row.
+    model = single("GatherND", {"x": randn(3, 4, 5)}, initializers={"i": np.array([[0, 7]])})
+    runner = ember.compile_onnx(model)
+    with pytest.raises(ember.EmberError, match="out of range"):
+        runner(randn(3, 4, 5))

@@ -128,3 +128,27 @@ def test_symbolic_shape_arithmetic_runs_at_two_sizes() -> None:
         check(model, {"x": randn(batch, 4, 6, seed=batch)}, compiled=runner)
     with pytest.raises(ember.InputError):
         runner(randn(3, 5, 6))
+
+
+def test_torchscript_export_shape_chains(block, tmp_path) -> None:
+    """The TorchScript exporter spells reshapes as Shape → Gather → Unsqueeze → Concat chains;
+    with batch and sequence both dynamic they must fold into symbolic IR dims."""
+    path = tmp_path / "ts.onnx"
+    try:
+        torch.onnx.export(
+            block,
+            (torch.randn(2, 8, 32),),
+            path,
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch", 1: "seq"}},
+            opset_version=17,
+        )
+    except Exception as e:  # noqa: BLE001 - the legacy exporter may be gone in a torch release
+        pytest.skip(f"TorchScript ONNX export unavailable: {e}")
+    model = onnx.load(path)
+    assert {"Shape", "Gather", "Concat"} <= {n.op_type for n in model.graph.node}
+    runner = ember.compile_onnx(model)
+    for batch, seq in ((2, 5), (3, 11)):
+        check(model, {"x": randn(batch, seq, 32, seed=seq)}, compiled=runner, **TOL)

@@ -284,6 +284,9 @@ CASES: dict[str, Callable[[], tuple]] = {
     "Tile": with_consts("Tile", randn(2, 3), {"r": i64(2, 3)}),
     "Pad": with_consts("Pad", X, {"pads": i64(1, 0, 2, 0, -1, 1), "v": np.array(1.5, np.float32)}),
     "Pad_axes": with_consts("Pad", X, {"pads": i64(2, 1), "v": None, "axes": i64(-1)}),
+    "Pad_edge": with_consts("Pad", X, {"pads": i64(1, 0, 2, 0, 1, 3)}, {"mode": "edge"}),
+    "Pad_reflect": with_consts("Pad", X, {"pads": i64(0, 2, 3, 0, 1, 4)}, {"mode": "reflect"}),
+    "Pad_wrap": with_consts("Pad", X, {"pads": i64(1, 3, -1, 2, 0, 2)}, {"mode": "wrap"}),
     "Shape": unary("Shape", X, start=1),
     "Size": unary("Size"),
     # Indexing.

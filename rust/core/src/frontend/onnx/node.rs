@@ -98,6 +98,15 @@ impl<'a> Node<'a> {
         })
     }
 
+    /// A 0/1 attribute; any other value is an invalid model (ONNX Runtime rejects it too).
+    pub fn flag(&self, name: &str, default: bool) -> Result<bool> {
+        match self.int(name, default as i64)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
+        }
+    }
+
     pub fn float(&self, name: &str, default: f32) -> Result<f32> {
         Ok(match self.attr_checked(name)? {
             Some(a) => {

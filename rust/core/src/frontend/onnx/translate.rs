@@ -330,7 +330,15 @@ fn declared_type(vi: &ValueInfoProto, role: &str) -> Result<Option<TensorType>> 
     };
     let dtype = tensor::dtype_from_onnx(t.elem_type.unwrap_or(0), &name)?;
     let Some(shape) = t.shape.as_ref() else {
-        return Ok(Some(TensorType::new(dtype, vec![])));
+        // No shape at all means an unknown rank, which the IR cannot express.
+        if role == "output" {
+            return Ok(None);
+        }
+        return Err(Error::unsupported_because(
+            "graph input of unknown rank",
+            &name,
+            "Ember needs the rank of every input (dims may be symbolic)",
+        ));
     };
     let dims = shape
         .dim
@@ -479,16 +487,13 @@ fn in_node(e: Error, n: &Node) -> Error {
 /// numbers or shapes; refuse it instead. Symbolic dims are checked at run time.
 fn check_declared(g: &Graph, id: ValueId, want: &TensorType, name: &str) -> Result<()> {
     let got = g.ty(id);
-    let shape_ok = want.shape.is_empty() && got.shape.is_empty()
-        || got.shape.len() == want.shape.len()
-            && got
-                .shape
-                .iter()
-                .zip(&want.shape)
-                .all(|(a, b)| a.provably_equal(b) != Some(false));
-    // A declared output without a shape (rank 0 here) says nothing about the rank.
-    let rank_unknown = want.shape.is_empty();
-    if got.dtype != want.dtype || !(shape_ok || rank_unknown) {
+    let shape_ok = got.shape.len() == want.shape.len()
+        && got
+            .shape
+            .iter()
+            .zip(&want.shape)
+            .all(|(a, b)| a.provably_equal(b) != Some(false));
+    if got.dtype != want.dtype || !shape_ok {
         return Err(Error::Compile(format!(
             "graph output '{name}' is declared as {}{} but the graph computes {}{}",
             want.dtype,

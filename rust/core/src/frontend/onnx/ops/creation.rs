@@ -118,9 +118,15 @@ fn range(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         ctx.b.dtype(s)
     };
     if dtype.is_int() {
-        let start = ctx.known_required(n, 0, "start")?.dims[0].clone();
-        let limit = ctx.known_required(n, 1, "limit")?.dims[0].clone();
-        let delta = ctx.const_ints(n, 2, "delta")?[0];
+        let one_value = |k: Known, what: &str| match k.dims.as_slice() {
+            [d] => Ok(d.clone()),
+            _ => Err(n.err(format!("{what} must hold one value"))),
+        };
+        let start = one_value(ctx.known_required(n, 0, "start")?, "start")?;
+        let limit = one_value(ctx.known_required(n, 1, "limit")?, "limit")?;
+        let delta = one_value(ctx.known_required(n, 2, "delta")?, "delta")?
+            .as_const()
+            .ok_or_else(|| n.unsupported("a symbolic delta"))?;
         if delta == 0 {
             return Err(n.err("delta must not be 0"));
         }
@@ -215,7 +221,7 @@ fn trilu(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let diff = ctx
         .b
         .binary(BinaryOp::Sub, Operand::Tensor(cols), Operand::Tensor(rows))?;
-    let cmp = if n.int("upper", 1)? != 0 {
+    let cmp = if n.flag("upper", true)? {
         BinaryOp::Ge
     } else {
         BinaryOp::Le

@@ -66,17 +66,20 @@ fn unary(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// IsInf with `detect_positive` / `detect_negative`.
 fn is_inf(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let x = ctx.input(n, 0)?;
-    let (pos, neg) = (n.int("detect_positive", 1)?, n.int("detect_negative", 1)?);
+    let (pos, neg) = (
+        n.flag("detect_positive", true)?,
+        n.flag("detect_negative", true)?,
+    );
     let inf = ctx.b.unary(UnaryOp::IsInf, x)?;
-    if pos != 0 && neg != 0 {
+    if pos && neg {
         return one(inf);
     }
-    if pos == 0 && neg == 0 {
+    if !pos && !neg {
         return one(ctx
             .b
             .full(Scalar::Bool(false), DType::Bool, ctx.b.shape(x))?);
     }
-    let cmp = if pos != 0 { BinaryOp::Gt } else { BinaryOp::Lt };
+    let cmp = if pos { BinaryOp::Gt } else { BinaryOp::Lt };
     let sign = ctx
         .b
         .binary(cmp, Operand::Tensor(x), Operand::Scalar(Scalar::Int(0)))?;
@@ -118,7 +121,7 @@ fn fold_of(op: &str) -> Option<Fold> {
 /// Folds a binary op on known integer inputs (shape arithmetic).
 fn try_fold(ctx: &Ctx, n: &Node) -> Option<Val> {
     let op = fold_of(n.op)?;
-    if n.op == "Mod" && n.int("fmod", 0).ok()? != 0 {
+    if n.op == "Mod" && n.flag("fmod", false).ok()? {
         return None;
     }
     let (a, b) = (ctx.known(n, 0)?, ctx.known(n, 1)?);
@@ -138,7 +141,7 @@ fn binary(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         "Mul" => BinaryOp::Mul,
         "Div" => BinaryOp::Div,
         "Mod" => {
-            if n.int("fmod", 0)? != 0 {
+            if n.flag("fmod", false)? {
                 BinaryOp::Fmod
             } else if dtype.is_float() {
                 return Err(n.err("fmod must be 1 for floating-point inputs"));

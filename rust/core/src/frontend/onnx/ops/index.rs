@@ -84,6 +84,21 @@ fn wrap_negative(ctx: &mut Ctx, idx: ValueId, size: &Dim) -> Result<ValueId> {
         .where_(neg, Operand::Tensor(shifted), Operand::Tensor(idx))
 }
 
+/// `i < 0 || i >= size` (after wrapping negative indices).
+fn out_of_range(ctx: &mut Ctx, i: ValueId, size: &Dim) -> Result<ValueId> {
+    let s = ctx.b.dim_value(size, DType::I64)?;
+    let low = ctx.b.binary(
+        BinaryOp::Lt,
+        Operand::Tensor(i),
+        Operand::Scalar(Scalar::Int(0)),
+    )?;
+    let high = ctx
+        .b
+        .binary(BinaryOp::Ge, Operand::Tensor(i), Operand::Tensor(s))?;
+    ctx.b
+        .binary(BinaryOp::Or, Operand::Tensor(low), Operand::Tensor(high))
+}
+
 /// GatherND (batch_dims = 0): the last index axis addresses the leading `k` data dims;
 /// they are linearized into one index into the data reshaped to `[d0·…·dk-1, rest…]`.
 fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
@@ -108,6 +123,9 @@ fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let idx = ctx.b.cast(idx, DType::I64)?;
     let lead = is[..is.len() - 1].to_vec();
     let mut flat: Option<ValueId> = None;
+    // An out-of-range component could still give an in-range linear index (a silently
+    // wrong row); such tuples get an index past the end, which the gather rejects.
+    let mut invalid: Option<ValueId> = None;
     for j in 0..k {
         let col = ctx.b.slice(
             idx,
@@ -118,6 +136,13 @@ fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         )?;
         let col = ctx.b.reshape(col, lead.clone())?;
         let col = wrap_negative(ctx, col, &xs[j])?;
+        let bad = out_of_range(ctx, col, &xs[j])?;
+        invalid = Some(match invalid {
+            None => bad,
+            Some(acc) => ctx
+                .b
+                .binary(BinaryOp::Or, Operand::Tensor(acc), Operand::Tensor(bad))?,
+        });
         let stride = numel(&xs[j + 1..k]);
         let term = if stride.as_const() == Some(1) {
             col
@@ -134,10 +159,16 @@ fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             }
         });
     }
-    let mut data_shape = vec![numel(&xs[..k])];
+    let rows = numel(&xs[..k]);
+    let mut data_shape = vec![rows.clone()];
     data_shape.extend(xs[k..].iter().cloned());
     let data = ctx.b.reshape(x, data_shape)?;
-    let flat = flat.expect("k ≥ 1");
+    let past_end = ctx.b.dim_value(&rows, DType::I64)?;
+    let flat = ctx.b.where_(
+        invalid.expect("k ≥ 1"),
+        Operand::Tensor(past_end),
+        Operand::Tensor(flat.expect("k ≥ 1")),
+    )?;
     one(ctx.b.op(Op::IndexSelect { axis: 0 }, &[data, flat])?)
 }
 
@@ -195,8 +226,8 @@ fn cumsum(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(n.err("axis must hold one value"));
     };
     let a = axis(ctx, *a, ctx.b.rank(x))?;
-    let reverse = n.int("reverse", 0)? != 0;
-    let exclusive = n.int("exclusive", 0)? != 0;
+    let reverse = n.flag("reverse", false)?;
+    let exclusive = n.flag("exclusive", false)?;
     if reverse {
         x = ctx.b.op(Op::Flip { axes: vec![a] }, &[x])?;
     }

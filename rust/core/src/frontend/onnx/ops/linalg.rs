@@ -92,10 +92,10 @@ fn gemm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if ctx.b.rank(a) != 2 || ctx.b.rank(b) != 2 {
         return Err(n.err("A and B must be 2-D"));
     }
-    if n.int("transA", 0)? != 0 {
+    if n.flag("transA", false)? {
         a = ctx.b.permute(a, vec![1, 0])?;
     }
-    if n.int("transB", 0)? != 0 {
+    if n.flag("transB", false)? {
         b = ctx.b.permute(b, vec![1, 0])?;
     }
     let mut y = matmul(&mut ctx.b, n, a, b)?;

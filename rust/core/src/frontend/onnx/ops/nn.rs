@@ -204,7 +204,7 @@ fn instance_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 
 /// Inference BatchNormalization: `(x − mean) · scale / sqrt(var + ε) + B` per channel.
 fn batch_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    if n.int("training_mode", 0)? != 0 || n.wants_output(1) || n.wants_output(2) {
+    if n.flag("training_mode", false)? || n.wants_output(1) || n.wants_output(2) {
         return Err(n.unsupported("training mode (Ember compiles inference only)"));
     }
     let x = float_input(ctx, n, 0)?;

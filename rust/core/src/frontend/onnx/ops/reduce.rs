@@ -26,7 +26,7 @@ fn reduce_axes(ctx: &Ctx, n: &Node, rank: usize) -> Result<Option<Vec<usize>>> {
         n.ints("axes")?.unwrap_or_default()
     };
     if list.is_empty() {
-        if n.int("noop_with_empty_axes", 0)? != 0 {
+        if n.flag("noop_with_empty_axes", false)? {
             return Ok(None);
         }
         return Ok(Some((0..rank).collect()));
@@ -52,7 +52,7 @@ fn red(ctx: &mut Ctx, op: ReduceOp, x: ValueId, axes: &[usize], keep: bool) -> R
 fn reduce(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let x = ctx.input(n, 0)?;
     let rank = ctx.b.rank(x);
-    let keep = n.int("keepdims", 1)? != 0;
+    let keep = n.flag("keepdims", true)?;
     let Some(ax) = reduce_axes(ctx, n, rank)? else {
         return one(x);
     };
@@ -126,7 +126,7 @@ fn arg_reduce(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let x = ctx.input(n, 0)?;
     let rank = ctx.b.rank(x);
     let a = axis(ctx, n.int("axis", 0)?, rank)?;
-    let keep = n.int("keepdims", 1)? != 0;
+    let keep = n.flag("keepdims", true)?;
     let op = if n.op == "ArgMax" {
         ReduceOp::ArgMax
     } else {
@@ -139,7 +139,7 @@ fn arg_reduce(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             vec![],
         )?);
     }
-    if n.int("select_last_index", 0)? == 0 {
+    if !n.flag("select_last_index", false)? {
         return one(red(ctx, op, x, &[a], keep)?);
     }
     // The last extreme is the first one of the reversed axis, counted from the end.

@@ -112,7 +112,7 @@ fn reshape(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if spec.scalar {
         return Err(n.err("the target shape must be 1-D"));
     }
-    let allow_zero = n.int("allowzero", 0)? != 0;
+    let allow_zero = n.flag("allowzero", false)?;
     let input = input_shape(ctx, n)?;
     let target = target_shape(n, &input, &spec.dims, allow_zero)?;
     if let Some(k) = ctx.known(n, 0) {
@@ -142,10 +142,11 @@ fn transpose(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let r = ctx.b.rank(x);
     let perm = match n.ints("perm")? {
         Some(p) => {
-            let p = p
+            // ONNX perms are non-negative (unlike most axis lists).
+            let p: Vec<usize> = p
                 .iter()
-                .map(|&a| axis(ctx, a, r))
-                .collect::<Result<Vec<_>>>()?;
+                .map(|&a| usize::try_from(a).unwrap_or(usize::MAX))
+                .collect();
             let mut sorted = p.clone();
             sorted.sort_unstable();
             if p.len() != r || sorted != (0..r).collect::<Vec<_>>() {
@@ -438,11 +439,11 @@ fn tile(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     one(ctx.b.reshape(v, out)?)
 }
 
-/// Constant-mode Pad (negative pads crop); reflect/edge/wrap are not supported.
+/// Pad: constant, edge, reflect and wrap modes; negative pads crop.
 fn pad(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let mode = n.string("mode", "constant")?;
-    if mode != "constant" {
-        return Err(n.unsupported(format!("mode '{mode}' (Ember supports constant padding)")));
+    if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
+        return Err(n.err(format!("unknown mode '{mode}'")));
     }
     let x = ctx.input(n, 0)?;
     let rank = ctx.b.rank(x);
@@ -495,5 +496,78 @@ fn pad(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if full.iter().all(|&p| p == (0, 0)) {
         return one(x);
     }
-    one(ctx.b.op(Op::Pad { pads: full, value }, &[x])?)
+    if mode == "constant" {
+        return one(ctx.b.op(Op::Pad { pads: full, value }, &[x])?);
+    }
+    for (a, &(before, after)) in full.iter().enumerate() {
+        if (before, after) != (0, 0) {
+            x = pad_from_edges(ctx, n, x, a, before, after, &mode)?;
+        }
+    }
+    one(x)
+}
+
+/// Pads one axis with copies of its own elements: the edge value, a mirror image without
+/// the edge (reflect), or the other end (wrap).
+fn pad_from_edges(
+    ctx: &mut Ctx,
+    n: &Node,
+    x: ValueId,
+    a: usize,
+    before: i64,
+    after: i64,
+    mode: &str,
+) -> Result<ValueId> {
+    let size = ctx.b.shape(x)[a].clone();
+    if let Some(s) = size.as_const() {
+        let limit = if mode == "reflect" { s - 1 } else { s };
+        if before.max(after) > limit || s == 0 {
+            return Err(n.err(format!(
+                "cannot pad {before}/{after} elements in {mode} mode on an axis of size {s}"
+            )));
+        }
+    }
+    let at = |v: i64| Dim::Const(v);
+    let from_end = |v: i64| Dim::binary(DimOp::Sub, size.clone(), Dim::Const(v));
+    let mut parts = Vec::new();
+    for (count, leading) in [(before, true), (after, false)] {
+        if count == 0 {
+            continue;
+        }
+        let part = match mode {
+            "edge" => {
+                let (s, e) = if leading {
+                    (at(0), at(1))
+                } else {
+                    (from_end(1), size.clone())
+                };
+                let edge = ctx.b.slice(x, a, s, e, 1)?;
+                let mut shape = ctx.b.shape(edge);
+                shape[a] = Dim::Const(count);
+                ctx.b.broadcast_to(edge, &shape)?
+            }
+            "reflect" => {
+                let (s, e) = if leading {
+                    (at(1), at(count + 1))
+                } else {
+                    (from_end(count + 1), from_end(1))
+                };
+                let piece = ctx.b.slice(x, a, s, e, 1)?;
+                ctx.b.op(Op::Flip { axes: vec![a] }, &[piece])?
+            }
+            _ => {
+                let (s, e) = if leading {
+                    (from_end(count), size.clone())
+                } else {
+                    (at(0), at(count))
+                };
+                ctx.b.slice(x, a, s, e, 1)?
+            }
+        };
+        parts.push((leading, part));
+    }
+    let mut ordered: Vec<ValueId> = parts.iter().filter(|p| p.0).map(|p| p.1).collect();
+    ordered.push(x);
+    ordered.extend(parts.iter().filter(|p| !p.0).map(|p| p.1));
+    ctx.b.op(Op::Concat { axis: a }, &ordered)
 }
