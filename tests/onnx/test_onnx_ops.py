@@ -402,3 +402,39 @@ ArgMax ArgMin Trilu OneHot Range CumSum GlobalAveragePool Pad Tile Dropout""".sp
 def test_every_supported_op_has_a_case() -> None:
     covered = {name.split("_")[0] for name in CASES}
     assert set(REQUIRED) - covered == set()
+
+
+def _axes_case(op: str, opset: int, axes: list[int], **attrs: Any) -> tuple:
+    """Reductions took ``axes`` as an attribute before opset 18 (ReduceSum: before 13)."""
+    as_input = opset >= 18 or op == "ReduceSum"
+    if as_input:
+        return with_consts(op, X, {"axes": np.array(axes, np.int64)}, attrs, opset=opset)()
+    model = single(op, {"x": X}, {"axes": axes, **attrs}, opset=opset)
+    return model, {"x": X}
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18, 21])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"])
+def test_reduce_axes_attribute_or_input(op: str, opset: int) -> None:
+    model, feeds = _axes_case(op, opset, [0, 2], keepdims=0)
+    check(model, feeds, rtol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [13, 18, 21])
+def test_split_squeeze_unsqueeze_pad_across_opsets(opset: int) -> None:
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "ax0"], ["u"]),
+        helper.make_node("Squeeze", ["u", "ax0"], ["s"]),
+        helper.make_node("Split", ["s", "sizes"], ["a", "b"], axis=2),
+        helper.make_node("Pad", ["b", "pads", "pv"], ["p"]),
+        helper.make_node("Clip", ["a", "lo", ""], ["c"]),
+    ]
+    inits = {
+        "ax0": np.array([0], np.int64),
+        "sizes": np.array([2, 3], np.int64),
+        "pads": np.array([0, 1, 0, 0, 0, 1], np.int64),
+        "pv": np.array(0.25, np.float32),
+        "lo": np.array(-0.1, np.float32),
+    }
+    model = make_model(nodes, {"x": X}, ["p", "c"], inits, opset=opset)
+    check(model, {"x": X})
