@@ -79,22 +79,27 @@ class OnnxModel:
         return [values[n] for n in names]
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
-        inputs = self._order(args, kwargs)
-        kinds = {isinstance(x, np.ndarray) for x in inputs}
-        if not all(isinstance(x, (np.ndarray, torch.Tensor)) for x in inputs):
-            bad = next(x for x in inputs if not isinstance(x, (np.ndarray, torch.Tensor)))
-            raise InputError(f"inputs must be numpy arrays or torch tensors, got {type(bad)}")
-        tensors = [_as_tensor(x, name) for x, name in zip(inputs, self.input_names, strict=True)]
+        # All inputs positional (the common case) skips the name matching.
+        if kwargs or len(args) != len(self.input_names):
+            args = tuple(self._order(args, kwargs))
+        tensors = []
+        numpy_in = not args
+        for x, name in zip(args, self.input_names, strict=True):
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+            elif isinstance(x, np.ndarray):
+                tensors.append(_from_numpy(x, name))
+                numpy_in = True
+            else:
+                raise InputError(
+                    f"input {name!r} must be a numpy array or a torch tensor, got {type(x)}"
+                )
         outs = self._compiled.run_flat(tensors)
         # numpy in → numpy out (a model with no inputs returns numpy too).
-        if kinds != {False}:
-            return [o.numpy() for o in outs]
-        return outs
+        return [o.numpy() for o in outs] if numpy_in else outs
 
 
-def _as_tensor(x: Any, name: str) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x
+def _from_numpy(x: np.ndarray, name: str) -> torch.Tensor:
     if x.dtype not in _NUMPY_DTYPES:
         raise InputError(f"input {name!r} has dtype {x.dtype}, which Ember does not support")
     # torch.from_numpy shares memory but refuses negative strides.

@@ -116,7 +116,7 @@ def test_wrong_input_count_shape_and_dtype() -> None:
         runner(X, randn(3, 2))
     with pytest.raises(ember.InputError, match="float32"):
         runner(X, X.astype(np.float64))
-    with pytest.raises(ember.InputError, match="numpy arrays or torch tensors"):
+    with pytest.raises(ember.InputError, match="numpy array or a torch tensor"):
         runner(X, [1.0])
 
 
