@@ -25,9 +25,11 @@ use crate::tensor::HostTensor;
 pub const MIN_OPSET: i64 = 13;
 pub const MAX_OPSET: i64 = 21;
 
-/// Initializers up to this many elements become IR constants (visible to the optimizer and
-/// to shape folding); larger ones are weights.
+/// Initializers up to this many elements become IR constants; larger ones are weights.
 const MAX_CONST_ELEMS: usize = 64;
+
+/// Integer vectors up to this length are tracked as known values (shape folding).
+const MAX_KNOWN_ELEMS: usize = 4096;
 
 /// Where a model comes from.
 pub enum Source<'a> {
@@ -35,26 +37,35 @@ pub enum Source<'a> {
     Bytes(&'a [u8]),
 }
 
-/// One ONNX value during translation: an IR value (made on first use) and, for small
-/// integer tensors, the values themselves.
+/// One ONNX value during translation: an IR value (made on first use), for small integer
+/// tensors the values themselves, and for initializers their data. Initializers and known
+/// values enter the IR graph only when an op needs them as tensors, so shape constants and
+/// unused initializers leave no nodes behind.
 #[derive(Clone, Debug, Default)]
 pub struct Val {
     pub id: Option<ValueId>,
     pub known: Option<Known>,
+    init: Option<Arc<Initializer>>,
+}
+
+#[derive(Debug)]
+struct Initializer {
+    name: String,
+    data: Decoded,
 }
 
 impl Val {
     pub fn of(id: ValueId) -> Val {
         Val {
             id: Some(id),
-            known: None,
+            ..Val::default()
         }
     }
 
     pub fn known(k: Known) -> Val {
         Val {
-            id: None,
             known: Some(k),
+            ..Val::default()
         }
     }
 }
@@ -63,6 +74,9 @@ impl Val {
 pub struct Ctx {
     pub b: Builder,
     values: HashMap<String, Val>,
+    /// Initializers that became weights, by name.
+    weights: Weights,
+    weight_specs: Vec<(String, DType, Vec<usize>)>,
 }
 
 impl Ctx {
@@ -81,10 +95,35 @@ impl Ctx {
         if let Some(id) = val.id {
             return Ok(id);
         }
-        let k = val.known.expect("a value is an IR value or known");
-        let id = self.materialize(&k)?;
+        let id = match (&val.init, &val.known) {
+            (Some(init), _) => self.initializer(init)?,
+            (None, Some(k)) => self.materialize(k)?,
+            (None, None) => unreachable!("a value is an IR value, an initializer or known"),
+        };
         self.values.get_mut(name).expect("checked").id = Some(id);
         Ok(id)
+    }
+
+    /// Small initializers become constants (visible to the optimizer), the others weights.
+    fn initializer(&mut self, init: &Initializer) -> Result<ValueId> {
+        let d = &init.data;
+        let numel: usize = d.shape.iter().product();
+        if numel <= MAX_CONST_ELEMS {
+            return self.constant(d.dtype, d.shape.clone(), d.bytes.clone());
+        }
+        let ty = TensorType::new(d.dtype, d.shape.iter().map(|&s| Dim::from(s)).collect());
+        self.weight_specs
+            .push((init.name.clone(), d.dtype, d.shape.clone()));
+        self.weights.insert(
+            init.name.clone(),
+            HostTensor::owned(d.dtype, d.shape.clone(), d.bytes.clone())?,
+        );
+        self.b.source(
+            Op::Weight {
+                name: init.name.clone(),
+            },
+            ty,
+        )
     }
 
     fn materialize(&mut self, k: &Known) -> Result<ValueId> {
@@ -187,8 +226,11 @@ impl Ctx {
                 .consts()
                 .map(|v| v.into_iter().map(|x| x as f64).collect());
         }
-        let id = self.values.get(n.input(k)?)?.id?;
-        let node = &self.b.g.nodes[id];
+        let val = self.values.get(n.input(k)?)?;
+        if let Some(init) = &val.init {
+            return Some(tensor::floats(&init.data));
+        }
+        let node = &self.b.g.nodes[val.id?];
         match &node.op {
             Op::Constant(data) => Some(tensor::floats(&Decoded {
                 dtype: node.ty.dtype,
@@ -377,9 +419,9 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     let mut ctx = Ctx {
         b: Builder::new(),
         values: HashMap::new(),
+        weights: Weights::new(),
+        weight_specs: Vec::new(),
     };
-    let mut weights = Weights::new();
-    let mut weight_specs = Vec::new();
 
     // Initializers first: a graph input with an initializer of the same name is a weight
     // with a default (IR version < 4), and Ember binds the default.
@@ -390,18 +432,28 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
             .filter(|n| !n.is_empty())
             .ok_or_else(|| Error::Compile(format!("initializer {i} has no name")))?;
         ctx.b.origin = name.clone();
-        let d = tensor::decode(init, ext, &name)?;
-        let numel: usize = d.shape.iter().product();
-        let small_int = (d.dtype.is_int() || d.dtype == DType::Bool) && d.shape.len() <= 1;
-        let id = if numel <= MAX_CONST_ELEMS || (small_int && numel <= 4096) {
-            ctx.constant(d.dtype, d.shape, d.bytes)?
-        } else {
-            let ty = TensorType::new(d.dtype, d.shape.iter().map(|&s| Dim::from(s)).collect());
-            weight_specs.push((name.clone(), d.dtype, d.shape.clone()));
-            weights.insert(name.clone(), HostTensor::owned(d.dtype, d.shape, d.bytes)?);
-            ctx.b.source(Op::Weight { name: name.clone() }, ty)?
+        let data = tensor::decode(init, ext, &name)?;
+        // Integer vectors (shapes, axes, indices) are known values for shape folding.
+        let known = match tensor::ints(&data) {
+            Some(v) if data.shape.len() <= 1 && v.len() <= MAX_KNOWN_ELEMS => Some(Known {
+                dtype: data.dtype,
+                scalar: data.shape.is_empty(),
+                dims: v.into_iter().map(Dim::Const).collect(),
+            }),
+            _ => None,
         };
-        ctx.values.insert(name, Val::of(id));
+        let init = Arc::new(Initializer {
+            name: name.clone(),
+            data,
+        });
+        ctx.values.insert(
+            name,
+            Val {
+                id: None,
+                known,
+                init: Some(init),
+            },
+        );
     }
 
     let mut input_names = Vec::new();
@@ -466,8 +518,8 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     check_sizes(&ctx.b.g)?;
     Ok(Pt2Program {
         graph: ctx.b.g,
-        weights,
-        weight_specs,
+        weights: ctx.weights,
+        weight_specs: ctx.weight_specs,
         input_names,
         output_names,
     })
