@@ -3,6 +3,7 @@
 fast = torch.compile(model, backend="ember")
 fast = ember.compile(model, *example_inputs)
 fast = ember.compile_pt2("model.pt2")
+runner = ember.compile_onnx("model.onnx")
 """
 
 from ember._core import __version__
@@ -17,6 +18,7 @@ from ember.errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from ember.onnx import OnnxModel, compile_onnx
 from ember.options import Options
 from ember.report import Candidate, SearchReport, last_report
 
@@ -27,12 +29,14 @@ __all__ = [
     "EmberError",
     "EmberRuntimeError",
     "InputError",
+    "OnnxModel",
     "Options",
     "SearchReport",
     "ShapeError",
     "UnsupportedOpError",
     "__version__",
     "compile",
+    "compile_onnx",
     "compile_pt2",
     "ember_backend",
     "last_report",

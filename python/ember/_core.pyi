@@ -39,6 +39,7 @@ class Executable:
 def load_pt2(
     path: str | None = None, data: bytes | None = None, load_weights: bool = True
 ) -> Program: ...
+def load_onnx(path: str | None = None, data: bytes | None = None) -> Program: ...
 def compile(
     program: Program,
     backend: str = "cpu",

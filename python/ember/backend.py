@@ -14,11 +14,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from ember import _core
 from ember.compiled import CompiledModel
 from ember.errors import InputError, UnsupportedOpError
-from ember.export import dynamo_dynamic_shapes, export_program, live_weights, save_bytes
+from ember.export import (
+    dynamo_dynamic_shapes,
+    export_onnx_bytes,
+    export_program,
+    live_weights,
+    save_bytes,
+)
 from ember.options import Options
 
 _log = logging.getLogger("ember")
@@ -55,16 +62,40 @@ class _DynamoGraph:
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
+        if self.options.export == "onnx":
+            return self._build_onnx(args, dynamic_shapes)
         ep = export_program(self.gm, args, dynamic_shapes=dynamic_shapes)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        model = CompiledModel(program, self.options, live_weights(ep), ep.call_spec.out_spec, shapes)
+        model = CompiledModel(
+            program, self.options, live_weights(ep), ep.call_spec.out_spec, shapes
+        )
         global _programs_compiled
         _programs_compiled += 1
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
         def run(*call_args: Any) -> Any:
             return model(*[call_args[i] for i in tensor_positions])
+
+        return run
+
+    def _build_onnx(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
+        """The ``export="onnx"`` path: torch.onnx.export, then the ONNX frontend. ONNX
+        outputs are flat; they are put back into the structure the graph returns."""
+        from ember.onnx import compile_with
+
+        data = export_onnx_bytes(self.gm, args, dynamic_shapes)
+        shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        runner = compile_with(data, self.options, shapes)
+        global _programs_compiled
+        _programs_compiled += 1
+        (out_node,) = [n for n in self.gm.graph.nodes if n.op == "output"]
+        _, spec = pytree.tree_flatten(out_node.args[0])
+        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+        def run(*call_args: Any) -> Any:
+            outs = runner(*[call_args[i] for i in tensor_positions])
+            return pytree.tree_unflatten(outs, spec)
 
         return run
 

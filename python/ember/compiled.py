@@ -120,9 +120,7 @@ class CompiledModel:
         self._versions = [t._version for t in self._weights.values()]
         search = options.search_args(example_shapes)
         self._exe = _with_progress(
-            lambda: _core.compile(
-                program, self._backend, bound, self._num_threads, **search
-            ),
+            lambda: _core.compile(program, self._backend, bound, self._num_threads, **search),
             options.time_budget_s,
             options.quiet or options.search_iterations == 0,
         )

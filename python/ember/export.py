@@ -50,13 +50,7 @@ def _strip_grad_mode_calls(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-def export_program(
-    model: torch.nn.Module,
-    args: Sequence[Any],
-    kwargs: dict[str, Any] | None = None,
-    dynamic_shapes: Any = None,
-) -> ExportedProgram:
-    """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
+def _prepare_graph_module(model: torch.nn.Module) -> None:
     if isinstance(model, torch.fx.GraphModule):
         _strip_grad_mode_calls(model)
         # Dynamo's lazy graph modules have a `forward(*args)` stub until first compiled;
@@ -64,6 +58,29 @@ def export_program(
         real_recompile = getattr(model, "real_recompile", None)
         if real_recompile is not None:
             real_recompile()
+
+
+def export_onnx_bytes(
+    model: torch.nn.Module, args: Sequence[Any], dynamic_shapes: Any = None
+) -> bytes:
+    """Exports ``model(*args)`` with ``torch.onnx.export`` (opset 18, weights included) and
+    serializes the ONNX model for ``ember.compile_onnx``."""
+    _prepare_graph_module(model)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            model, tuple(args), dynamic_shapes=dynamic_shapes, opset_version=18, verbose=False
+        )
+    return program.model_proto.SerializeToString()
+
+
+def export_program(
+    model: torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+) -> ExportedProgram:
+    """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
+    _prepare_graph_module(model)
     with torch.no_grad():
         ep = torch.export.export(
             model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes, strict=False

@@ -10,6 +10,7 @@ import torch
 
 _BACKENDS = ("cpu", "reference")
 _FALLBACKS = ("eager", "error")
+_EXPORTS = ("pt2", "onnx")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +22,9 @@ class Options:
     fallback: what to do with a graph Ember cannot compile: "eager" runs it with PyTorch and
         warns once naming the unsupported ops; "error" raises ``ember.UnsupportedOpError``.
     num_threads: worker threads of the CPU runtime (default: ``torch.get_num_threads()``).
-    export: how a torch model reaches Ember; only "pt2" (``torch.export``) for now.
+    export: how a torch model reaches Ember: "pt2" (``torch.export``, weights bound by pointer)
+        or "onnx" (``torch.onnx.export``, then the ONNX frontend; weights are copied into the
+        ONNX model when the graph is compiled, so later in-place weight updates are not seen).
     search_iterations: candidate programs the optimizer measures at most (0 turns the
         optimizer off: the program runs as translated).
     time_budget_s: wall time the optimizer may spend measuring candidates.
@@ -50,8 +53,8 @@ class Options:
             raise ValueError(
                 f"ember option fallback={self.fallback!r}; valid: {', '.join(_FALLBACKS)}"
             )
-        if self.export != "pt2":
-            raise ValueError(f"ember option export={self.export!r}; valid: pt2")
+        if self.export not in _EXPORTS:
+            raise ValueError(f"ember option export={self.export!r}; valid: {', '.join(_EXPORTS)}")
         if self.num_threads < 0:
             raise ValueError(f"ember option num_threads={self.num_threads} must be >= 0")
         if self.search_iterations < 0:
@@ -80,9 +83,7 @@ class Options:
             want = _TYPES[kind]
             ok = isinstance(value, want) and (kind == "bool" or not isinstance(value, bool))
             if not ok:
-                raise TypeError(
-                    f"ember option {key!r} must be {kind}, got {type(value).__name__}"
-                )
+                raise TypeError(f"ember option {key!r} must be {kind}, got {type(value).__name__}")
             if kind == "float":
                 options[key] = float(value)
         return cls(**options)

@@ -14,9 +14,8 @@ import ember
 import pytest
 import torch
 import torch.nn.functional as F
-from ember.models import MLP, Llama, LlamaConfig, NormChain
-
 from conftest import Fn
+from ember.models import MLP, Llama, LlamaConfig, NormChain
 
 # Search long enough to measure many candidates of these small graphs.
 FUZZ = {"search_iterations": 40, "time_budget_s": 60.0, "cache": False, "quiet": True}

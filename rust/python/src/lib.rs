@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod onnx;
+
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -443,6 +445,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_class::<Executable>()?;
     m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
+    m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -2,4 +2,5 @@
 //! `builder` holds what every frontend needs: broadcasting, type promotion, casts.
 
 pub mod builder;
+pub mod onnx;
 pub mod pt2;

@@ -1,0 +1,128 @@
+"""``ember.compile_onnx``: compile an ONNX model (a path, bytes or an ``onnx.ModelProto``).
+
+The model is decoded and translated in Rust (nothing in it is executed); initializers become
+weights owned by the compiled program. The returned :class:`OnnxModel` takes numpy arrays or
+torch tensors, positionally or by input name, and returns the graph's outputs in order:
+numpy in → numpy out, torch in → torch out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ember import _core
+from ember.compiled import CompiledModel
+from ember.errors import InputError
+from ember.options import Options
+
+_NUMPY_DTYPES = {
+    np.dtype(np.bool_),
+    np.dtype(np.uint8),
+    np.dtype(np.int8),
+    np.dtype(np.int16),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.float16),
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+}
+
+
+def load_program(model: Any) -> Any:
+    """Translates ``model`` into an (uncompiled) ``_core.Program``."""
+    if isinstance(model, (str, os.PathLike)):
+        return _core.load_onnx(path=os.fspath(model))
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _core.load_onnx(data=bytes(model))
+    if type(model).__name__ == "ModelProto" and hasattr(model, "SerializeToString"):
+        return _core.load_onnx(data=model.SerializeToString())
+    raise TypeError(
+        f"compile_onnx expects a path, bytes or an onnx.ModelProto, got {type(model).__name__}"
+    )
+
+
+class OnnxModel:
+    """An ONNX model compiled by Ember. Call it with the graph's inputs."""
+
+    def __init__(self, compiled: CompiledModel) -> None:
+        self._compiled = compiled
+        self.input_names: list[str] = list(compiled.input_names)
+        self.output_names: list[str] = list(compiled.output_names)
+        self.input_dtypes: list[str] = list(compiled._input_dtypes)
+
+    def ir(self) -> str:
+        """The compiled IR graph as text."""
+        return self._compiled.ir()
+
+    def _order(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """Inputs in graph order, from positional and named arguments."""
+        names = self.input_names
+        if len(args) > len(names):
+            raise InputError(
+                f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(args)}"
+            )
+        values: dict[str, Any] = dict(zip(names, args, strict=False))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise InputError(f"unknown input {key!r}; the model's inputs are {names}")
+            if key in values:
+                raise InputError(f"input {key!r} was given twice")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise InputError(f"missing inputs {missing}; the model's inputs are {names}")
+        return [values[n] for n in names]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # All inputs positional (the common case) skips the name matching.
+        if kwargs or len(args) != len(self.input_names):
+            args = tuple(self._order(args, kwargs))
+        tensors = []
+        numpy_in = not args
+        for x, name in zip(args, self.input_names, strict=True):
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+            elif isinstance(x, np.ndarray):
+                tensors.append(_from_numpy(x, name))
+                numpy_in = True
+            else:
+                raise InputError(
+                    f"input {name!r} must be a numpy array or a torch tensor, got {type(x)}"
+                )
+        outs = self._compiled.run_flat(tensors)
+        # numpy in → numpy out (a model with no inputs returns numpy too).
+        return [o.numpy() for o in outs] if numpy_in else outs
+
+
+def _from_numpy(x: np.ndarray, name: str) -> torch.Tensor:
+    if x.dtype not in _NUMPY_DTYPES:
+        raise InputError(f"input {name!r} has dtype {x.dtype}, which Ember does not support")
+    # torch.from_numpy shares memory but refuses negative strides.
+    if any(s < 0 for s in x.strides):
+        x = np.ascontiguousarray(x)
+    return torch.from_numpy(x)
+
+
+def compile_onnx(model: Any, device: str = "cpu", **options: Any) -> OnnxModel:
+    """Compiles an ONNX model for ``device``.
+
+    ``model`` is a path (external-data files are read from its folder; locations that leave
+    the folder are refused), serialized bytes, or an ``onnx.ModelProto``.
+    """
+    if device != "cpu":
+        raise ValueError(f"compile_onnx device={device!r}; valid: cpu")
+    return compile_with(model, Options.from_dict(options))
+
+
+def compile_with(
+    model: Any, options: Options, example_shapes: list[list[int]] | None = None
+) -> OnnxModel:
+    """``compile_onnx`` with validated options; ``example_shapes`` (the input shapes of a
+    first call, when known) let the optimizer measure programs with symbolic dims."""
+    program = load_program(model)
+    return OnnxModel(CompiledModel(program, options, example_shapes=example_shapes))

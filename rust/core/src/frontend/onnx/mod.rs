@@ -1,0 +1,17 @@
+//! The ONNX frontend: decodes a `ModelProto` and builds an IR graph.
+//!
+//! `proto` declares the protobuf messages, `tensor` and `external` read tensor payloads,
+//! `node` gives typed attribute access, `known` folds shape arithmetic into IR dims,
+//! `translate` walks the graph, and `ops/` holds one file per family of ONNX ops.
+
+mod external;
+mod known;
+mod node;
+mod ops;
+mod proto;
+mod tensor;
+#[cfg(test)]
+mod tests;
+mod translate;
+
+pub use translate::{load, Source, MAX_OPSET, MIN_OPSET};

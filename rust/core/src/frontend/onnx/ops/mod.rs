@@ -1,0 +1,70 @@
+//! ONNX op translations, one file per family. `handler` maps an op type to the function that
+//! translates it; the same table decides up front whether a whole model is supported.
+
+mod creation;
+mod elementwise;
+mod index;
+mod linalg;
+mod nn;
+mod reduce;
+mod shape;
+
+use super::node::Node;
+use super::translate::{Ctx, Val};
+use crate::error::Result;
+use crate::frontend::builder::norm_axis;
+use crate::ir::ValueId;
+
+/// Translates one node into its output values (one per ONNX output, in order).
+pub type Handler = fn(&mut Ctx, &Node) -> Result<Vec<Val>>;
+
+pub fn handler(op: &str) -> Option<Handler> {
+    elementwise::handler(op)
+        .or_else(|| reduce::handler(op))
+        .or_else(|| shape::handler(op))
+        .or_else(|| index::handler(op))
+        .or_else(|| linalg::handler(op))
+        .or_else(|| nn::handler(op))
+        .or_else(|| creation::handler(op))
+}
+
+/// Ops Ember knows but cannot express with the current IR, with the reason.
+pub fn unsupported_reason(op: &str) -> Option<&'static str> {
+    Some(match op {
+        "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool" | "MaxUnpool"
+        | "GlobalLpPool" => "convolution and pooling need IR ops Ember does not have yet",
+        "Resize" | "Upsample" | "GridSample" => "resampling needs an IR op Ember does not have yet",
+        "TopK" | "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
+        "ScatterElements" | "ScatterND" | "Scatter" => {
+            "scatter needs an IR op Ember does not have yet"
+        }
+        "NonZero" | "Compress" | "NonMaxSuppression" => {
+            "the output shape depends on tensor values, which Ember's IR cannot express"
+        }
+        _ => return None,
+    })
+}
+
+fn one(id: ValueId) -> Result<Vec<Val>> {
+    Ok(vec![Val::of(id)])
+}
+
+/// An axis attribute or input, normalized for a tensor of `rank`.
+fn axis(ctx: &Ctx, a: i64, rank: usize) -> Result<usize> {
+    norm_axis(a, rank, &ctx.b.origin)
+}
+
+/// A list of axes, normalized, sorted and checked for duplicates.
+fn axes(ctx: &Ctx, n: &Node, list: &[i64], rank: usize) -> Result<Vec<usize>> {
+    let mut out = list
+        .iter()
+        .map(|&a| axis(ctx, a, rank))
+        .collect::<Result<Vec<_>>>()?;
+    out.sort_unstable();
+    let len = out.len();
+    out.dedup();
+    if out.len() != len {
+        return Err(n.err(format!("axes {list:?} repeat an axis")));
+    }
+    Ok(out)
+}

@@ -1,0 +1,594 @@
+//! Walks an ONNX graph and builds the IR graph: inputs with symbolic dims, initializers as
+//! weights (small ones as constants), one handler per node, outputs checked against the
+//! types the model declares.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::external::ExternalData;
+use super::known::{self, Known};
+use super::node::Node;
+use super::ops;
+use super::proto::{self, ModelProto, ValueInfoProto};
+use super::tensor::{self, Decoded};
+use crate::backend::Weights;
+use crate::dim::{format_shape, Dim, SymbolRange};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::frontend::builder::Builder;
+use crate::frontend::pt2::Pt2Program;
+use crate::ir::{verify, ConstData, Graph, Op, TensorType, ValueId};
+use crate::tensor::HostTensor;
+
+/// The ai.onnx opsets Ember translates.
+pub const MIN_OPSET: i64 = 13;
+pub const MAX_OPSET: i64 = 21;
+
+/// Initializers up to this many elements become IR constants; larger ones are weights.
+const MAX_CONST_ELEMS: usize = 64;
+
+/// Integer vectors up to this length are tracked as known values (shape folding).
+const MAX_KNOWN_ELEMS: usize = 4096;
+
+/// Where a model comes from.
+pub enum Source<'a> {
+    Path(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// One ONNX value during translation: an IR value (made on first use), for small integer
+/// tensors the values themselves, and for initializers their data. Initializers and known
+/// values enter the IR graph only when an op needs them as tensors, so shape constants and
+/// unused initializers leave no nodes behind.
+#[derive(Clone, Debug, Default)]
+pub struct Val {
+    pub id: Option<ValueId>,
+    pub known: Option<Known>,
+    init: Option<Arc<Initializer>>,
+}
+
+#[derive(Debug)]
+struct Initializer {
+    name: String,
+    data: Decoded,
+}
+
+impl Val {
+    pub fn of(id: ValueId) -> Val {
+        Val {
+            id: Some(id),
+            ..Val::default()
+        }
+    }
+
+    pub fn known(k: Known) -> Val {
+        Val {
+            known: Some(k),
+            ..Val::default()
+        }
+    }
+}
+
+/// Translation state shared by the op handlers.
+pub struct Ctx {
+    pub b: Builder,
+    values: HashMap<String, Val>,
+    /// Initializers that became weights, by name.
+    weights: Weights,
+    weight_specs: Vec<(String, DType, Vec<usize>)>,
+}
+
+impl Ctx {
+    fn get(&self, name: &str) -> Result<&Val> {
+        self.values.get(name).ok_or_else(|| {
+            Error::Compile(format!(
+                "node '{}' uses '{name}', which no earlier node or graph input defines",
+                self.b.origin
+            ))
+        })
+    }
+
+    /// The IR value of `name`, materializing known values as constants on first use.
+    pub fn value(&mut self, name: &str) -> Result<ValueId> {
+        let val = self.get(name)?.clone();
+        if let Some(id) = val.id {
+            return Ok(id);
+        }
+        let id = match (&val.init, &val.known) {
+            (Some(init), _) => self.initializer(init)?,
+            (None, Some(k)) => self.materialize(k)?,
+            (None, None) => unreachable!("a value is an IR value, an initializer or known"),
+        };
+        self.values.get_mut(name).expect("checked").id = Some(id);
+        Ok(id)
+    }
+
+    /// Small initializers become constants (visible to the optimizer), the others weights.
+    fn initializer(&mut self, init: &Initializer) -> Result<ValueId> {
+        let d = &init.data;
+        let numel: usize = d.shape.iter().product();
+        if numel <= MAX_CONST_ELEMS {
+            return self.constant(d.dtype, d.shape.clone(), d.bytes.clone());
+        }
+        let ty = TensorType::new(d.dtype, d.shape.iter().map(|&s| Dim::from(s)).collect());
+        self.weight_specs
+            .push((init.name.clone(), d.dtype, d.shape.clone()));
+        self.weights.insert(
+            init.name.clone(),
+            HostTensor::owned(d.dtype, d.shape.clone(), d.bytes.clone())?,
+        );
+        self.b.source(
+            Op::Weight {
+                name: init.name.clone(),
+            },
+            ty,
+        )
+    }
+
+    fn materialize(&mut self, k: &Known) -> Result<ValueId> {
+        if let Some(c) = k.consts() {
+            return self.constant(k.dtype, k.shape(), known::encode(&c, k.dtype));
+        }
+        let mut parts = Vec::with_capacity(k.dims.len());
+        for d in &k.dims {
+            let v = self.b.dim_value(d, k.dtype)?;
+            parts.push(if k.scalar {
+                v
+            } else {
+                self.b.reshape(v, vec![Dim::Const(1)])?
+            });
+        }
+        if k.scalar {
+            return Ok(parts[0]);
+        }
+        self.b.op(Op::Concat { axis: 0 }, &parts)
+    }
+
+    pub fn constant(&mut self, dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Result<ValueId> {
+        let ty = TensorType::new(dtype, shape.iter().map(|&d| Dim::from(d)).collect());
+        self.b.source(
+            Op::Constant(ConstData {
+                shape,
+                bytes: Arc::new(bytes),
+            }),
+            ty,
+        )
+    }
+
+    /// Required input `k` of `n`.
+    pub fn input(&mut self, n: &Node, k: usize) -> Result<ValueId> {
+        let name = n
+            .input(k)
+            .ok_or_else(|| n.err(format!("input {k} is missing")))?;
+        self.value(name)
+    }
+
+    pub fn opt_input(&mut self, n: &Node, k: usize) -> Result<Option<ValueId>> {
+        n.input(k).map(|name| self.value(name)).transpose()
+    }
+
+    /// Known values of input `k`, when translation can tell them.
+    pub fn known(&self, n: &Node, k: usize) -> Option<Known> {
+        let name = n.input(k)?;
+        let v = self.values.get(name)?;
+        if let Some(k) = &v.known {
+            return Some(k.clone());
+        }
+        // An IR constant made elsewhere (Constant node of a larger integer tensor).
+        let id = v.id?;
+        let node = &self.b.g.nodes[id];
+        let dtype = node.ty.dtype;
+        let (Op::Constant(data), true) = (&node.op, dtype.is_int() || dtype == DType::Bool) else {
+            return None;
+        };
+        if data.shape.len() > 1 {
+            return None;
+        }
+        let decoded = Decoded {
+            dtype,
+            shape: data.shape.clone(),
+            bytes: data.bytes.to_vec(),
+        };
+        let dims = tensor::ints(&decoded)?
+            .into_iter()
+            .map(Dim::Const)
+            .collect();
+        Some(Known {
+            dtype,
+            scalar: data.shape.is_empty(),
+            dims,
+        })
+    }
+
+    /// Values of input `k` that must be known at compile time (a shape, axes, pads).
+    pub fn known_required(&self, n: &Node, k: usize, what: &str) -> Result<Known> {
+        self.known(n, k).ok_or_else(|| {
+            n.unsupported(format!(
+                "its {what} (input {k}) is computed at run time; Ember needs it at compile time"
+            ))
+        })
+    }
+
+    /// Like `known_required`, but every element must be a constant.
+    pub fn const_ints(&self, n: &Node, k: usize, what: &str) -> Result<Vec<i64>> {
+        self.known_required(n, k, what)?.consts().ok_or_else(|| {
+            n.unsupported(format!(
+                "its {what} (input {k}) depends on a symbolic size; Ember needs constants"
+            ))
+        })
+    }
+
+    /// Float values of a constant input (Constant node, initializer, or a filled tensor).
+    pub fn const_floats(&mut self, n: &Node, k: usize) -> Option<Vec<f64>> {
+        if let Some(kn) = self.known(n, k) {
+            return kn
+                .consts()
+                .map(|v| v.into_iter().map(|x| x as f64).collect());
+        }
+        let val = self.values.get(n.input(k)?)?;
+        if let Some(init) = &val.init {
+            return Some(tensor::floats(&init.data));
+        }
+        let node = &self.b.g.nodes[val.id?];
+        match &node.op {
+            Op::Constant(data) => Some(tensor::floats(&Decoded {
+                dtype: node.ty.dtype,
+                shape: data.shape.clone(),
+                bytes: data.bytes.to_vec(),
+            })),
+            Op::Full { value } => Some(vec![value.as_f64()]),
+            _ => None,
+        }
+    }
+}
+
+/// Reads, validates and translates a model.
+pub fn load(source: Source<'_>) -> Result<Pt2Program> {
+    let owned;
+    let (bytes, path): (&[u8], Option<&Path>) = match source {
+        Source::Path(p) => {
+            owned = std::fs::read(p).map_err(|e| {
+                Error::Compile(format!("cannot read ONNX model '{}': {e}", p.display()))
+            })?;
+            (&owned, Some(p))
+        }
+        Source::Bytes(b) => (b, None),
+    };
+    let model = proto::decode_model(bytes).map_err(|e| {
+        Error::Compile(format!(
+            "not a valid ONNX model (the protobuf does not decode: {e})"
+        ))
+    })?;
+    translate(&model, &ExternalData::new(path))
+}
+
+/// The model's ai.onnx opset, checked against the range Ember supports.
+fn opset(model: &ModelProto) -> Result<i64> {
+    if model.graph.is_none() {
+        return Err(Error::Compile(
+            "not a valid ONNX model: it has no graph".into(),
+        ));
+    }
+    let versions: Vec<i64> = model
+        .opset_import
+        .iter()
+        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .map(|o| o.version.unwrap_or(0))
+        .collect();
+    let Some(&v) = versions.iter().max() else {
+        return Err(Error::Compile(
+            "the ONNX model imports no ai.onnx opset (opset_import is empty)".into(),
+        ));
+    };
+    if !(MIN_OPSET..=MAX_OPSET).contains(&v) {
+        return Err(Error::Compile(format!(
+            "ONNX opset {v} is not supported: Ember reads ai.onnx opsets {MIN_OPSET} to \
+             {MAX_OPSET} (convert the model with onnx.version_converter)"
+        )));
+    }
+    Ok(v)
+}
+
+fn is_onnx_domain(d: Option<&str>) -> bool {
+    matches!(d, None | Some("") | Some("ai.onnx"))
+}
+
+/// Rejects the whole graph up front when any node is unsupported, naming all such ops.
+fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
+    let local: BTreeSet<(String, String)> = model
+        .functions
+        .iter()
+        .map(|f| {
+            (
+                f.domain.clone().unwrap_or_default(),
+                f.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut bad: Vec<(String, &Node, String)> = Vec::new();
+    for n in nodes {
+        let domain = n.proto.domain.as_deref();
+        let label = if is_onnx_domain(domain) {
+            n.op.to_owned()
+        } else {
+            format!("{}::{}", domain.unwrap_or(""), n.op)
+        };
+        let why = if local.contains(&(domain.unwrap_or("").to_owned(), n.op.to_owned())) {
+            "calls to model-local functions are not supported".to_owned()
+        } else if !is_onnx_domain(domain) {
+            format!(
+                "domain '{}' is not supported (only ai.onnx)",
+                domain.unwrap_or("")
+            )
+        } else if n.has_subgraph() {
+            "ops with subgraphs (If, Loop, Scan) are not supported".to_owned()
+        } else if let Some(why) = ops::unsupported_reason(n.op) {
+            why.to_owned()
+        } else if ops::handler(n.op).is_none() {
+            "Ember has no translation for this op".to_owned()
+        } else {
+            continue;
+        };
+        bad.push((label, n, why));
+    }
+    let Some((label, first, why)) = bad.first() else {
+        return Ok(());
+    };
+    let mut all: Vec<&str> = bad.iter().map(|b| b.0.as_str()).collect();
+    all.sort();
+    all.dedup();
+    let detail = if all.len() > 1 {
+        format!(
+            ": {why} (unsupported ops in this model: {})",
+            all.join(", ")
+        )
+    } else {
+        format!(": {why}")
+    };
+    Err(Error::UnsupportedOp {
+        op: label.clone(),
+        node: first.name.clone(),
+        detail,
+    })
+}
+
+/// The declared type of a graph input or output; unknown dims become fresh symbols.
+fn declared_type(vi: &ValueInfoProto, role: &str) -> Result<Option<TensorType>> {
+    let name = vi.name.clone().unwrap_or_default();
+    let Some(tt) = vi.r#type.as_ref() else {
+        return Ok(None);
+    };
+    let Some(t) = tt.tensor_type.as_ref() else {
+        // An output may leave its type empty; an input must be a tensor.
+        if role == "output" {
+            return Ok(None);
+        }
+        return Err(Error::unsupported_because(
+            format!("non-tensor graph {role}"),
+            &name,
+            "Ember supports tensor inputs and outputs only (no sequences, maps or optionals)",
+        ));
+    };
+    let dtype = tensor::dtype_from_onnx(t.elem_type.unwrap_or(0), &name)?;
+    let Some(shape) = t.shape.as_ref() else {
+        // No shape at all means an unknown rank, which the IR cannot express.
+        if role == "output" {
+            return Ok(None);
+        }
+        return Err(Error::unsupported_because(
+            "graph input of unknown rank",
+            &name,
+            "Ember needs the rank of every input (dims may be symbolic)",
+        ));
+    };
+    let dims = shape
+        .dim
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match (&d.dim_value, &d.dim_param) {
+            (Some(v), _) if *v >= 0 => Ok(Dim::Const(*v)),
+            (Some(v), _) => Err(Error::Compile(format!(
+                "graph {role} '{name}' has a negative dim {v}"
+            ))),
+            (None, Some(p)) if !p.is_empty() => Ok(Dim::sym(p)),
+            _ => Ok(Dim::sym(&format!("{name}_dim{i}"))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(TensorType::new(dtype, dims)))
+}
+
+fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
+    let opset = opset(model)?;
+    let graph = model.graph.as_ref().expect("checked by opset()");
+    if !graph.sparse_initializer.is_empty() {
+        return Err(Error::unsupported_because(
+            "sparse initializer",
+            graph.name.clone().unwrap_or_default(),
+            "Ember reads dense initializers only",
+        ));
+    }
+    let nodes: Vec<Node> = graph
+        .node
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Node::new(n, i, opset))
+        .collect();
+    check_supported(model, &nodes)?;
+
+    let mut ctx = Ctx {
+        b: Builder::new(),
+        values: HashMap::new(),
+        weights: Weights::new(),
+        weight_specs: Vec::new(),
+    };
+
+    // Initializers first: a graph input with an initializer of the same name is a weight
+    // with a default (IR version < 4), and Ember binds the default.
+    for (i, init) in graph.initializer.iter().enumerate() {
+        let name = init
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| Error::Compile(format!("initializer {i} has no name")))?;
+        ctx.b.origin = name.clone();
+        let data = tensor::decode(init, ext, &name)?;
+        // Integer vectors (shapes, axes, indices) are known values for shape folding.
+        let known = match tensor::ints(&data) {
+            Some(v) if data.shape.len() <= 1 && v.len() <= MAX_KNOWN_ELEMS => Some(Known {
+                dtype: data.dtype,
+                scalar: data.shape.is_empty(),
+                dims: v.into_iter().map(Dim::Const).collect(),
+            }),
+            _ => None,
+        };
+        let init = Arc::new(Initializer {
+            name: name.clone(),
+            data,
+        });
+        ctx.values.insert(
+            name,
+            Val {
+                id: None,
+                known,
+                init: Some(init),
+            },
+        );
+    }
+
+    let mut input_names = Vec::new();
+    for vi in &graph.input {
+        let name = vi.name.clone().unwrap_or_default();
+        if ctx.values.contains_key(&name) {
+            continue;
+        }
+        ctx.b.origin = name.clone();
+        let ty = declared_type(vi, "input")?
+            .ok_or_else(|| Error::Compile(format!("graph input '{name}' has no type")))?;
+        for d in &ty.shape {
+            if let Dim::Sym(s) = d {
+                ctx.b
+                    .g
+                    .symbols
+                    .entry(s.clone())
+                    .or_insert(SymbolRange { min: 0, max: None });
+            }
+        }
+        let id = ctx.b.source(
+            Op::Input {
+                index: input_names.len(),
+            },
+            ty,
+        )?;
+        input_names.push(name.clone());
+        ctx.values.insert(name, Val::of(id));
+    }
+
+    for n in &nodes {
+        ctx.b.origin = n.name.clone();
+        let handler = ops::handler(n.op).expect("checked by check_supported");
+        let outs = handler(&mut ctx, n).map_err(|e| in_node(e, n))?;
+        for (k, name) in n.proto.output.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let v = outs.get(k).cloned().ok_or_else(|| {
+                n.unsupported(format!("Ember does not compute its output {k} ('{name}')"))
+            })?;
+            ctx.values.insert(name.clone(), v);
+        }
+    }
+
+    let mut output_names = Vec::new();
+    for vi in &graph.output {
+        let name = vi.name.clone().unwrap_or_default();
+        ctx.b.origin = name.clone();
+        let id = ctx.value(&name)?;
+        if let Some(want) = declared_type(vi, "output")? {
+            check_declared(&ctx.b.g, id, &want, &name)?;
+        }
+        ctx.b.g.outputs.push(id);
+        output_names.push(name);
+    }
+    if output_names.is_empty() {
+        return Err(Error::Compile("the ONNX graph has no outputs".into()));
+    }
+    verify(&ctx.b.g)?;
+    check_symbols_bound(&ctx.b.g)?;
+    check_sizes(&ctx.b.g)?;
+    Ok(Pt2Program {
+        graph: ctx.b.g,
+        weights: ctx.weights,
+        weight_specs: ctx.weight_specs,
+        input_names,
+        output_names,
+    })
+}
+
+/// Adds the ONNX op and node to errors raised inside a handler.
+fn in_node(e: Error, n: &Node) -> Error {
+    let tag = format!("ONNX {} node '{}'", n.op, n.name);
+    match e {
+        Error::Shape(m) if !m.contains(&tag) => Error::Shape(format!("{m} (in {tag})")),
+        Error::Compile(m) if !m.contains(&tag) => Error::Compile(format!("{m} (in {tag})")),
+        other => other,
+    }
+}
+
+/// A model whose declared output type disagrees with what Ember computed would give wrong
+/// numbers or shapes; refuse it instead. Symbolic dims are checked at run time.
+fn check_declared(g: &Graph, id: ValueId, want: &TensorType, name: &str) -> Result<()> {
+    let got = g.ty(id);
+    let shape_ok = got.shape.len() == want.shape.len()
+        && got
+            .shape
+            .iter()
+            .zip(&want.shape)
+            .all(|(a, b)| a.provably_equal(b) != Some(false));
+    if got.dtype != want.dtype || !shape_ok {
+        return Err(Error::Compile(format!(
+            "graph output '{name}' is declared as {}{} but the graph computes {}{}",
+            want.dtype,
+            format_shape(&want.shape),
+            got.dtype,
+            format_shape(&got.shape)
+        )));
+    }
+    Ok(())
+}
+
+/// Every symbol a shape mentions must be fixed by the input shapes, since inputs are all a
+/// program receives at run time.
+fn check_symbols_bound(g: &Graph) -> Result<()> {
+    let mut bound = Vec::new();
+    for &i in &g.inputs {
+        for d in &g.ty(i).shape {
+            if let Dim::Sym(s) = d {
+                bound.push(s.clone());
+            }
+        }
+    }
+    for node in &g.nodes {
+        let mut used = Vec::new();
+        node.ty.shape.iter().for_each(|d| d.symbols(&mut used));
+        if let Some(s) = used.iter().find(|s| !bound.contains(s)) {
+            return Err(Error::Compile(format!(
+                "symbolic size '{s}' at node '{}' is not determined by the input shapes",
+                node.origin
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses statically huge intermediate tensors (a corrupt shape constant) before any
+/// backend tries to allocate them.
+fn check_sizes(g: &Graph) -> Result<()> {
+    for node in &g.nodes {
+        let dims: Option<Vec<i64>> = node.ty.shape.iter().map(Dim::as_const).collect();
+        if let Some(dims) = dims {
+            tensor::checked_numel(&dims, node.ty.dtype, &node.origin)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+"""Helpers for the ONNX tests: build one-node models with ``onnx.helper`` and compare Ember
+with ONNX Runtime on the same random inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ember
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+RTOL, ATOL = 1.3e-6, 1e-5
+
+
+def value_info(name: str, arr_or_type: Any, shape: Sequence[Any] | None = None):
+    if isinstance(arr_or_type, np.ndarray):
+        elem = helper.np_dtype_to_tensor_dtype(arr_or_type.dtype)
+        return helper.make_tensor_value_info(name, elem, list(arr_or_type.shape))
+    return helper.make_tensor_value_info(name, arr_or_type, shape)
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: dict[str, np.ndarray],
+    outputs: Sequence[str],
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 18,
+    input_shapes: dict[str, Sequence[Any]] | None = None,
+) -> onnx.ModelProto:
+    """A model over ``inputs`` (their dtypes and shapes, or ``input_shapes`` overrides)."""
+    input_shapes = input_shapes or {}
+    ins = [
+        helper.make_tensor_value_info(
+            n,
+            helper.np_dtype_to_tensor_dtype(a.dtype),
+            list(input_shapes.get(n, a.shape)),
+        )
+        for n, a in inputs.items()
+    ]
+    outs = [helper.make_empty_tensor_value_info(n) for n in outputs]
+    inits = [numpy_helper.from_array(a, n) for n, a in (initializers or {}).items()]
+    graph = helper.make_graph(list(nodes), "g", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    # Declare the output types (as exporters do) so Ember checks its result against them.
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def check(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    compiled: Any = None,
+) -> list[np.ndarray]:
+    """Runs Ember and ONNX Runtime on ``feeds`` and asserts the outputs match."""
+    want = ort_run(model, feeds)
+    runner = compiled or ember.compile_onnx(model)
+    got = runner(**feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g, np.ndarray)
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        assert g.shape == w.shape, (g.shape, w.shape)
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(g, w)
+    return got
+
+
+def single(
+    op: str,
+    inputs: dict[str, np.ndarray],
+    attrs: dict[str, Any] | None = None,
+    outputs: int | Sequence[str] = 1,
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 18,
+    input_names: Sequence[str] | None = None,
+) -> onnx.ModelProto:
+    """A model with one ``op`` node; its inputs are ``input_names`` (default: runtime inputs
+    then initializers, in the given order)."""
+    outs = [f"y{i}" for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
+    names = list(input_names) if input_names is not None else [*inputs, *(initializers or {})]
+    node = helper.make_node(op, names, outs, name=f"{op.lower()}_node", **(attrs or {}))
+    return make_model([node], inputs, [o for o in outs if o], initializers, opset)
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def randn(*shape: int, seed: int = 0, dtype: Any = np.float32) -> np.ndarray:
+    return rng(seed).standard_normal(shape).astype(dtype)
+
+
+def ints(*shape: int, low: int = -5, high: int = 6, seed: int = 0, dtype: Any = np.int64):
+    return rng(seed).integers(low, high, size=shape).astype(dtype)
+
+
+__all__ = ["TensorProto", "check", "ints", "make_model", "ort_run", "randn", "single"]
