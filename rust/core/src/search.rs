@@ -155,6 +155,11 @@ pub fn optimize(
     }
 
     let candidates = candidates(&ex, graph, opts.iterations);
+    let default_graph = candidates
+        .first()
+        .map(|c| c.graph.clone())
+        .unwrap_or_default();
+    let mut default_exe: Option<(f64, Box<dyn Executable>)> = None;
     let mut best: Option<Best> = None;
     let mut measured: Vec<(Genome, f64)> = Vec::new();
     let budget_left =
@@ -162,8 +167,9 @@ pub fn optimize(
     let consider = |cand: Candidate,
                     report: &mut SearchReport,
                     best: &mut Option<Best>,
-                    measured: &mut Vec<(Genome, f64)>| {
-        let (rep, exe) = bench.measure(
+                    measured: &mut Vec<(Genome, f64)>,
+                    default_exe: &mut Option<(f64, Box<dyn Executable>)>| {
+        let (mut rep, exe) = bench.measure(
             backend,
             weights,
             &cand.graph,
@@ -172,12 +178,25 @@ pub fn optimize(
             opts.repeats,
         );
         let index = report.candidates.len();
+        // The first program timed pays for cold caches and first-touch allocations: time
+        // it twice, so that every later candidate is compared with a warm default.
+        if let (0, Some(t), Some(e)) = (index, rep.time_s, exe.as_ref()) {
+            rep.time_s = Some(
+                bench
+                    .time(e.as_ref(), opts.repeats)
+                    .map_or(t, |t2| t.min(t2)),
+            );
+        }
         if let (Some(t), Some(true), Some(exe)) = (rep.time_s, rep.verified, exe) {
             measured.push((cand.genome.clone(), t));
             // A candidate must beat the best so far by more than timing noise: choices
             // within noise would flip between compiles of the same model.
             if best.as_ref().is_none_or(|b| t < b.0 * (1.0 - NOISE)) {
-                *best = Some((t, index, exe, cand.graph, cand.genome));
+                let old = best.replace((t, index, exe, cand.graph, cand.genome));
+                // The default program is kept to be timed again at the end (see below).
+                if let Some((t0, 0, exe0, _, _)) = old {
+                    *default_exe = Some((t0, exe0));
+                }
             }
         }
         report.candidates.push(rep);
@@ -186,7 +205,13 @@ pub fn optimize(
         if !budget_left(&report) || report.candidates.len() >= opts.iterations {
             break;
         }
-        consider(cand, &mut report, &mut best, &mut measured);
+        consider(
+            cand,
+            &mut report,
+            &mut best,
+            &mut measured,
+            &mut default_exe,
+        );
     }
     // Combine every single change that beat the default program by more than noise.
     if let Some(&(_, base)) = measured.iter().find(|(g, _)| g.is_empty()) {
@@ -209,14 +234,36 @@ pub fn optimize(
                     graph: g,
                     cost,
                 };
-                consider(cand, &mut report, &mut best, &mut measured);
+                consider(
+                    cand,
+                    &mut report,
+                    &mut best,
+                    &mut measured,
+                    &mut default_exe,
+                );
             }
         }
     }
 
-    let Some((_, index, exe, g, genome)) = best else {
+    let Some((best_t, mut index, mut exe, mut g, mut genome)) = best else {
         return unoptimized(report, "no candidate was verified".into());
     };
+    // Time the default again at the end (machine noise drifts during a search) and keep it
+    // unless the winner still beats it by more than noise.
+    if index != 0 {
+        if let Some((t0, exe0)) = default_exe.take() {
+            let again = bench.time(exe0.as_ref(), opts.repeats).unwrap_or(t0);
+            let t0 = t0.min(again);
+            if let Some(c) = report.candidates.first_mut() {
+                c.time_s = Some(t0);
+            }
+            if best_t >= t0 * (1.0 - NOISE) {
+                (index, exe) = (0, exe0);
+                g = default_graph.clone();
+                genome = Genome::new();
+            }
+        }
+    }
     if let Some(cache) = &cache {
         cache.put(
             &key,
@@ -401,23 +448,26 @@ impl Bench {
             rep.error = Some(m);
             return (rep, None);
         }
-        let mut times = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) {
-            let t = Instant::now();
-            if let Err(e) = run_once(
-                exe.as_ref(),
-                &self.inputs,
-                &self.input_bytes,
-                &self.out_dtypes,
-            ) {
+        match self.time(exe.as_ref(), repeats) {
+            Ok(t) => rep.time_s = Some(t),
+            Err(e) => {
                 rep.error = Some(e.to_string());
                 return (rep, None);
             }
+        }
+        (rep, Some(exe))
+    }
+
+    /// Median time of `repeats` runs (after the run `measure` verified).
+    fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
+        let mut times = Vec::with_capacity(repeats);
+        for _ in 0..repeats.max(1) {
+            let t = Instant::now();
+            run_once(exe, &self.inputs, &self.input_bytes, &self.out_dtypes)?;
             times.push(t.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
-        rep.time_s = Some(times[times.len() / 2]);
-        (rep, Some(exe))
+        Ok(times[times.len() / 2])
     }
 }
 

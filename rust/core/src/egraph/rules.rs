@@ -673,11 +673,17 @@ fn lower(graph: &Graph, vocab: &mut Vocabulary, lowering: &[LoweringRule], w: &m
                 operand,
                 view,
             } => {
-                let views: Vec<Op> = present
-                    .values()
-                    .filter(|(op, _)| view(op))
-                    .map(|(op, _)| op.clone())
-                    .collect();
+                // Views of weights and constants are packed once at compile time by every
+                // backend that cares, so packing them again is no alternative.
+                let mut views: Vec<Op> = Vec::new();
+                for n in &graph.nodes {
+                    let of_data = n.inputs.first().is_some_and(|&i| {
+                        matches!(graph.nodes[i].op, Op::Weight { .. } | Op::Constant(_))
+                    });
+                    if view(&n.op) && !of_data && !views.contains(&n.op) {
+                        views.push(n.op.clone());
+                    }
+                }
                 for (key, (op, uses)) in &present {
                     if !consumer(op) {
                         continue;
