@@ -111,7 +111,12 @@ def test_same_seed_same_candidates():
     model, inputs = _cases()["silu-mlp"]
     a = ember.compile(model, *inputs, **FUZZ).report()
     b = ember.compile(model, *inputs, **FUZZ).report()
-    assert [c.description for c in a.candidates] == [c.description for c in b.candidates]
+    # The combined candidate depends on which single changes won (timings); the proposals
+    # themselves are deterministic.
+    def proposed(r):
+        return [c.description for c in r.candidates if not c.description.startswith("combined")]
+
+    assert proposed(a) == proposed(b)
     assert a.egraph_nodes == b.egraph_nodes and a.rules_fired == b.rules_fired
 
 
