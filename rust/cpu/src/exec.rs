@@ -16,7 +16,7 @@ use crate::compile::{Plan, Program};
 use crate::error::{CpuError, KResult};
 use crate::fuse::{dot_in_place, Role};
 use crate::kernels::{
-    attention, dot, elementwise as ew, fused, index, movement as mv, norm, reduce,
+    attention, conv, dot, elementwise as ew, fused, index, movement as mv, norm, pool, reduce,
 };
 use crate::strided::map1;
 
@@ -322,6 +322,39 @@ fn eval(
                 causal: *causal,
             };
             attention::attention(arg(0)?, arg(1)?, arg(2)?, mask, &p, threads)
+        }
+        Op::Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+            has_bias,
+        } => {
+            let bias = if *has_bias { Some(arg(2)?) } else { None };
+            let p = conv::Params {
+                stride,
+                padding,
+                dilation,
+                groups: *groups,
+            };
+            conv::conv(arg(0)?, arg(1)?, bias, &p, shape, threads)
+        }
+        Op::Pool {
+            kind,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ..
+        } => {
+            let p = pool::Params {
+                kind: *kind,
+                kernel,
+                stride,
+                padding,
+                dilation,
+            };
+            pool::pool(arg(0)?, &p, shape)
         }
     }
 }
