@@ -258,3 +258,47 @@ fn pooling_variants_match_the_interpreter() {
         check_with(&g, &Weights::new(), &[x], 1e-5, &what);
     }
 }
+
+/// A conv whose weight and bias are computed from weights only (a folded batch norm): the
+/// CPU backend evaluates them at compile time; the result must not change.
+#[test]
+fn conv_with_weight_only_arithmetic_is_folded_exactly() {
+    use ember_core::ir::{BinaryOp, Graph, UnaryOp};
+    use ember_core::tensor::HostTensor;
+    let mut rng = Rng::new(3);
+    let mut weights = Weights::new();
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[2, 3, 6, 5]);
+    let mut weight = |g: &mut Graph, name: &str, shape: &[usize], lo: f64| {
+        let v = random(&mut rng, DType::F32, shape, lo, 2.0);
+        let t = HostTensor::owned(DType::F32, shape.to_vec(), v.to_bytes()).unwrap();
+        weights.insert(name.to_string(), t);
+        g.add_source(Op::Weight { name: name.into() }, ty(DType::F32, shape), name)
+            .unwrap()
+    };
+    let w = weight(&mut g, "w", &[4, 3, 3, 3], -2.0);
+    let var = weight(&mut g, "var", &[4, 1, 1, 1], 0.5);
+    let b = weight(&mut g, "b", &[4], -2.0);
+    let s = g.add(Op::Unary(UnaryOp::Rsqrt), &[var], "s").unwrap();
+    let s = g
+        .add(
+            Op::Expand {
+                shape: [4, 3, 3, 3].iter().map(|&d| (d as i64).into()).collect(),
+            },
+            &[s],
+            "s_wide",
+        )
+        .unwrap();
+    let ws = g.add(Op::Binary(BinaryOp::Mul), &[w, s], "w_scaled").unwrap();
+    let conv = Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![(1, 1), (1, 1)],
+        dilation: vec![1, 1],
+        groups: 1,
+        has_bias: true,
+    };
+    let y = g.add(conv, &[x, ws, b], "conv").unwrap();
+    g.outputs.push(y);
+    let xv = random(&mut rng, DType::F32, &[2, 3, 6, 5], -1.0, 1.0);
+    check_with(&g, &weights, &[xv], 1e-4, "folded conv");
+}
