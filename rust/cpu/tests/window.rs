@@ -273,8 +273,12 @@ fn conv_with_weight_only_arithmetic_is_folded_exactly() {
         let v = random(&mut rng, DType::F32, shape, lo, 2.0);
         let t = HostTensor::owned(DType::F32, shape.to_vec(), v.to_bytes()).unwrap();
         weights.insert(name.to_string(), t);
-        g.add_source(Op::Weight { name: name.into() }, ty(DType::F32, shape), name)
-            .unwrap()
+        g.add_source(
+            Op::Weight { name: name.into() },
+            ty(DType::F32, shape),
+            name,
+        )
+        .unwrap()
     };
     let w = weight(&mut g, "w", &[4, 3, 3, 3], -2.0);
     let var = weight(&mut g, "var", &[4, 1, 1, 1], 0.5);
@@ -289,7 +293,9 @@ fn conv_with_weight_only_arithmetic_is_folded_exactly() {
             "s_wide",
         )
         .unwrap();
-    let ws = g.add(Op::Binary(BinaryOp::Mul), &[w, s], "w_scaled").unwrap();
+    let ws = g
+        .add(Op::Binary(BinaryOp::Mul), &[w, s], "w_scaled")
+        .unwrap();
     let conv = Op::Conv {
         stride: vec![1, 1],
         padding: vec![(1, 1), (1, 1)],
@@ -301,4 +307,37 @@ fn conv_with_weight_only_arithmetic_is_folded_exactly() {
     g.outputs.push(y);
     let xv = random(&mut rng, DType::F32, &[2, 3, 6, 5], -1.0, 1.0);
     check_with(&g, &weights, &[xv], 1e-4, "folded conv");
+}
+
+/// conv → residual add → relu runs as one fused group with the conv as its head (computed
+/// into the group's output); a conv that is also a graph output stays a value of its own.
+#[test]
+fn conv_heads_a_fused_epilogue() {
+    use ember_core::ir::{BinaryOp, Graph, UnaryOp};
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[2, 4, 7, 6]);
+    let w = input(&mut g, 1, DType::F32, &[4, 4, 3, 3]);
+    let b = input(&mut g, 2, DType::F32, &[4]);
+    let conv = Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![(1, 1), (1, 1)],
+        dilation: vec![1, 1],
+        groups: 1,
+        has_bias: true,
+    };
+    let c = g.add(conv.clone(), &[x, w, b], "conv").unwrap();
+    let s = g
+        .add(Op::Binary(BinaryOp::Add), &[c, x], "residual")
+        .unwrap();
+    let y = g.add(Op::Unary(UnaryOp::Relu), &[s], "relu").unwrap();
+    let c2 = g.add(conv, &[y, w, b], "conv2").unwrap();
+    let y2 = g.add(Op::Unary(UnaryOp::Relu), &[c2], "relu2").unwrap();
+    g.outputs.extend([y, y2, c2]);
+    let mut rng = Rng::new(5);
+    let vals = vec![
+        random(&mut rng, DType::F32, &[2, 4, 7, 6], -1.0, 1.0),
+        random(&mut rng, DType::F32, &[4, 4, 3, 3], -1.0, 1.0),
+        random(&mut rng, DType::F32, &[4], -1.0, 1.0),
+    ];
+    check_with(&g, &Weights::new(), &vals, 1e-4, "conv epilogue");
 }

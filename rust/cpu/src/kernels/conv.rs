@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
 use super::window::{size, three, Axis};
+use crate::arena::Dest;
 use crate::buffer::Val;
 use crate::elem::Real;
 use crate::error::{CpuError, KResult};
@@ -129,16 +130,48 @@ pub fn conv(
 ) -> KResult<Val> {
     let g = Geom::new(x.shape(), w.shape(), out, p)?;
     match x.dtype {
-        DType::F32 => conv_t::<f32>(x, w, bias, &g, out, threads),
-        DType::F64 => conv_t::<f64>(x, w, bias, &g, out, threads),
+        DType::F32 => Val::build::<f32>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
+        DType::F64 => Val::build::<f64>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
         // Half types compute in f32 and round once at the end, as torch's CPU kernels do.
         DType::F16 | DType::BF16 => {
             let b = bias.map(|b| cast(b, DType::F32)).transpose()?;
             let (xf, wf) = (cast(x, DType::F32)?, cast(w, DType::F32)?);
-            let y = conv_t::<f32>(&xf, &wf, b.as_ref(), &g, out, threads)?;
+            let y = Val::build::<f32>(DType::F32, out, |y| {
+                conv_t(&xf, &wf, b.as_ref(), &g, y, threads)
+            })?;
             cast(&y, x.dtype)
         }
         other => Err(CpuError::Unsupported(format!("conv of {other}"))),
+    }
+}
+
+/// Dtypes whose conv writes its result straight into a buffer (`conv_into`).
+pub fn conv_in_place(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// The conv written into `dest` (a reused arena buffer or the caller's output), so that no
+/// fresh buffer is zeroed per call and a fused epilogue can run over it in place.
+pub fn conv_into(
+    x: &Val,
+    w: &Val,
+    bias: Option<&Val>,
+    p: &Params,
+    dest: &mut Dest,
+    threads: usize,
+) -> KResult<()> {
+    let shape = dest.shape.clone();
+    let g = Geom::new(x.shape(), w.shape(), &shape, p)?;
+    if x.dtype != dest.dtype {
+        return Err(CpuError::Internal(format!(
+            "conv of {} into {}",
+            x.dtype, dest.dtype
+        )));
+    }
+    match x.dtype {
+        DType::F32 => conv_t::<f32>(x, w, bias, &g, dest.slice()?, threads),
+        DType::F64 => conv_t::<f64>(x, w, bias, &g, dest.slice()?, threads),
+        d => Err(CpuError::Internal(format!("conv into a buffer of {d}"))),
     }
 }
 
@@ -150,18 +183,22 @@ fn elems<T: Copy>(v: &Val) -> KResult<(Val, *const T, usize)> {
     Ok((c, ptr, n))
 }
 
+/// The conv into `y` (contiguous `[N, O, *S']`; every element is written).
 fn conv_t<T: GemmElem + Real>(
     x: &Val,
     w: &Val,
     bias: Option<&Val>,
     g: &Geom,
-    out: &[usize],
+    y: &mut [T],
     threads: usize,
-) -> KResult<Val> {
+) -> KResult<()> {
     let (_xk, xp, xn) = elems::<T>(x)?;
     let (_wk, wp, wn) = elems::<T>(w)?;
     let bias: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
-    if xn != g.n * g.c * g.in_plane() || wn != g.o * g.cg * g.taps() {
+    if xn != g.n * g.c * g.in_plane()
+        || wn != g.o * g.cg * g.taps()
+        || y.len() != g.n * g.o * g.out_plane()
+    {
         return Err(CpuError::Internal("conv operand sizes".into()));
     }
     // SAFETY: both values are contiguous with exactly these many elements (checked above)
@@ -170,7 +207,7 @@ fn conv_t<T: GemmElem + Real>(
     let ws = unsafe { std::slice::from_raw_parts(wp, wn) };
     let (ip, op) = (g.in_plane(), g.out_plane());
     let tasks = g.n * g.groups;
-    Val::build::<T>(x.dtype, out, |y| {
+    {
         if op == 0 || tasks == 0 {
             return Ok(());
         }
@@ -220,7 +257,7 @@ fn conv_t<T: GemmElem + Real>(
             run(0, y, &mut Vec::new(), threads);
         }
         Ok(())
-    })
+    }
 }
 
 /// Fills `col` (`[cg·taps, out_plane]`) with the input value each tap of each output reads
