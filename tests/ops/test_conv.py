@@ -4,7 +4,6 @@ adaptive avg/max), interpolate (nearest, bilinear both ways), pad modes, and the
 use (eval batch norm, group norm, instance norm)."""
 
 import pytest
-import torch
 import torch.nn.functional as F
 from conftest import Fn, check, ember, rand
 from torch import nn
