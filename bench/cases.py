@@ -6,7 +6,15 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
+from ember.models import (
+    MLP,
+    Llama,
+    LlamaConfig,
+    LlamaDecodeStep,
+    NormChain,
+    ResNet,
+    llama_cache,
+)
 from torch import nn
 
 SEED = 0
@@ -52,6 +60,10 @@ def _chain() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return NormChain(512), (torch.randn(64, 512),)
 
 
+def _cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return ResNet(), (torch.randn(4, 3, 64, 64),)
+
+
 _cfg = LlamaConfig()
 _llama = (
     f"{_cfg.layers} layers, dim {_cfg.dim}, {_cfg.heads} heads / {_cfg.kv_heads} KV heads, "
@@ -81,6 +93,13 @@ CASES: dict[str, Case] = {
             "`ember.models.NormChain(512)` (layer norm, scale-shift, GELU, residual, softmax, "
             "sigmoid·tanh), input [64, 512]",
             _chain,
+        ),
+        Case(
+            "cnn",
+            "ResNet-style CNN",
+            "`ember.models.ResNet()` (3×3 stem, max pool, 6 basic blocks of widths 32/64/128 with "
+            "eval batch norm, global average pool, linear head), input [4, 3, 64, 64]",
+            _cnn,
         ),
     )
 }

@@ -25,6 +25,19 @@ _KEEP = [
     "gelu.default",
     "silu.default",
     "matmul.default",
+    # Resizes: Ember gathers with constant indices; torch's decompositions index with
+    # several broadcast index tensors at once. Kept whole, the unsupported modes (bicubic,
+    # linear 1-d, trilinear) are named in the error instead of an indexing op.
+    "upsample_nearest1d.vec",
+    "upsample_nearest2d.vec",
+    "upsample_nearest3d.vec",
+    "_upsample_nearest_exact1d.vec",
+    "_upsample_nearest_exact2d.vec",
+    "_upsample_nearest_exact3d.vec",
+    "upsample_bilinear2d.vec",
+    "upsample_bicubic2d.vec",
+    "upsample_linear1d.vec",
+    "upsample_trilinear3d.vec",
 ]
 
 

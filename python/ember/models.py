@@ -167,3 +167,95 @@ class NormChain(nn.Module):
         h = self.ln(x) * (1 + self.scale) + self.shift
         h = F.gelu(h) + x
         return torch.softmax(h * 0.5, dim=-1) + torch.sigmoid(h) * torch.tanh(x)
+
+
+def _random_batch_norm_stats(model: nn.Module) -> None:
+    """Gives every batch norm non-trivial statistics and affine parameters, so that eval-mode
+    tests see what a trained network would hold rather than the identity."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+
+
+def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)
+    )
+
+
+class BasicBlock(nn.Module):
+    """ResNet's two 3×3 conv + batch norm block with an identity or 1×1 projection shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = _conv_bn(cin, cout, 3, stride)
+        self.conv2 = _conv_bn(cout, cout, 3)
+        self.short = _conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv2(F.relu(self.conv1(x)))
+        return F.relu(y + (x if self.short is None else self.short(x)))
+
+
+class ResNet(nn.Module):
+    """A small ResNet-style classifier: 3×3 stem, max pool, stages of basic blocks (each
+    after the first halves the resolution), global average pool, linear head."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), classes: int = 10) -> None:
+        super().__init__()
+        self.stem = _conv_bn(3, widths[0], 3)
+        blocks: list[nn.Module] = []
+        cin = widths[0]
+        for i, w in enumerate(widths):
+            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+            cin = w
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(cin, classes)
+        _random_batch_norm_stats(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1)
+        x = F.adaptive_avg_pool2d(self.blocks(x), 1)
+        return self.head(torch.flatten(x, 1))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1×1 expansion, depthwise 3×3, 1×1 projection (ReLU6 between),
+    with a residual when the shape is kept."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        mid = cin * expand
+        self.expand = _conv_bn(cin, mid, 1)
+        self.depthwise = _conv_bn(mid, mid, 3, stride, groups=mid)
+        self.project = _conv_bn(mid, cout, 1)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(self.depthwise(F.relu6(self.expand(x))))
+        y = self.project(y)
+        return x + y if self.residual else y
+
+
+class MobileNet(nn.Module):
+    """A small MobileNet-style classifier: strided 3×3 stem with hardswish, inverted
+    residual blocks (depthwise separable convs), 1×1 conv, global average pool, and a
+    hardswish MLP head."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = _conv_bn(3, 16, 3, 2)
+        spec = [(16, 16, 1, 1), (16, 24, 2, 4), (24, 24, 1, 4), (24, 40, 2, 4), (40, 40, 1, 4)]
+        self.blocks = nn.Sequential(*(InvertedResidual(*s) for s in spec))
+        self.last = _conv_bn(40, 96, 1)
+        self.head = nn.Sequential(nn.Linear(96, 128), nn.Hardswish(), nn.Linear(128, classes))
+        _random_batch_norm_stats(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.hardswish(self.stem(x))
+        x = F.hardswish(self.last(self.blocks(x)))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))

@@ -10,13 +10,13 @@ use ember_core::ir::{Node, Op};
 use ember_core::tensor::{TensorOut, TensorView};
 use ember_core::{Error, Result};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Dest};
 use crate::buffer::{is_aligned, Layout, Storage, Val};
 use crate::compile::{Plan, Program, KERNEL_PACKED, KERNEL_ROWWISE};
 use crate::error::{CpuError, KResult};
 use crate::fuse::{dot_in_place, Role};
 use crate::kernels::{
-    attention, dot, elementwise as ew, fused, index, movement as mv, norm, reduce,
+    attention, conv, dot, elementwise as ew, fused, index, movement as mv, norm, pool, reduce,
 };
 use crate::strided::map1;
 
@@ -135,6 +135,12 @@ pub fn execute(
                 run_dot(plan, id, node, &vals, direct[id], &mut arena, threads)
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
+            (Role::Plain, Op::Conv { .. }) if conv::conv_in_place(node.ty.dtype) => {
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                conv_into(node, &vals, &mut dest, threads)
+                    .and_then(|()| dest.finish())
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             _ => eval(prog, plan, id, node, &vals, threads)
                 .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
         };
@@ -202,8 +208,13 @@ fn run_group(
     let head = match &grp.head {
         Some(h) => {
             let d = &g.nodes[h.dot];
-            let (a, b) = (value(vals, d.inputs[0])?, value(vals, d.inputs[1])?);
-            dot::dot_into(a, b, &mut dest, threads)?;
+            match &d.op {
+                Op::Conv { .. } => conv_into(d, vals, &mut dest, threads)?,
+                _ => {
+                    let (a, b) = (value(vals, d.inputs[0])?, value(vals, d.inputs[1])?);
+                    dot::dot_into(a, b, &mut dest, threads)?;
+                }
+            }
             Some(dest.peek()?)
         }
         None => None,
@@ -211,6 +222,36 @@ fn run_group(
     fused::run(g, grp, &leaves, head.as_ref(), &mut dest)?;
     drop(head);
     dest.finish()
+}
+
+/// A conv node written into `dest`.
+fn conv_into(node: &Node, vals: &[Option<Val>], dest: &mut Dest, threads: usize) -> KResult<()> {
+    let Op::Conv {
+        stride,
+        padding,
+        dilation,
+        groups,
+        has_bias,
+    } = &node.op
+    else {
+        return Err(CpuError::Internal(format!(
+            "{} is not a conv",
+            node.op.name()
+        )));
+    };
+    let x = value(vals, node.inputs[0])?;
+    let w = value(vals, node.inputs[1])?;
+    let bias = match has_bias {
+        true => Some(value(vals, node.inputs[2])?),
+        false => None,
+    };
+    let p = conv::Params {
+        stride,
+        padding,
+        dilation,
+        groups: *groups,
+    };
+    conv::conv_into(x, w, bias, &p, dest, threads)
 }
 
 /// A product written straight into its destination.
@@ -328,6 +369,39 @@ fn eval(
                 causal: *causal,
             };
             attention::attention(arg(0)?, arg(1)?, arg(2)?, mask, &p, threads)
+        }
+        Op::Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+            has_bias,
+        } => {
+            let bias = if *has_bias { Some(arg(2)?) } else { None };
+            let p = conv::Params {
+                stride,
+                padding,
+                dilation,
+                groups: *groups,
+            };
+            conv::conv(arg(0)?, arg(1)?, bias, &p, shape, threads)
+        }
+        Op::Pool {
+            kind,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ..
+        } => {
+            let p = pool::Params {
+                kind: *kind,
+                kernel,
+                stride,
+                padding,
+                dilation,
+            };
+            pool::pool(arg(0)?, &p, shape)
         }
     }
 }

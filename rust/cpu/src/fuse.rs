@@ -1,6 +1,6 @@
 //! Fusion planning, done once per program: elementwise nodes are grouped into expression DAGs
-//! that run as one blocked pass over the output (`kernels::fused`), and a `dot` feeding such a
-//! group (the `linear` pattern: dot, then bias add and activation) becomes the group's head,
+//! that run as one blocked pass over the output (`kernels::fused`), and a `dot` or `conv`
+//! feeding such a group (then bias add, residual, activation) becomes the group's head,
 //! computed straight into the group's output before the elementwise pass runs over it in place.
 //!
 //! A node joins the group of its consumers when every consumer is in that one group and the
@@ -30,8 +30,8 @@ pub struct Step {
     pub out: usize,
 }
 
-/// A matrix product computed into the group's output first; `leaf` (the dot, or a reshape
-/// of it) is then read back from there.
+/// A matrix product or convolution computed into the group's output first; `leaf` (the
+/// dot/conv, or a reshape of it) is then read back from there.
 #[derive(Clone, Debug)]
 pub struct Head {
     pub dot: usize,
@@ -128,10 +128,17 @@ impl Fusion {
                         }
                         cur = src;
                     }
-                    (in_group
-                        && matches!(g.nodes[cur].op, Op::Dot)
-                        && dot_in_place(g.nodes[cur].ty.dtype))
-                    .then_some(Head { dot: cur, leaf })
+                    let dtype = g.nodes[cur].ty.dtype;
+                    let in_place = match g.nodes[cur].op {
+                        Op::Dot => dot_in_place(dtype),
+                        // The conv is computed into the root's buffer: same dtype needed.
+                        Op::Conv { .. } => {
+                            crate::kernels::conv::conv_in_place(dtype)
+                                && dtype == g.nodes[root].ty.dtype
+                        }
+                        _ => false,
+                    };
+                    (in_group && in_place).then_some(Head { dot: cur, leaf })
                 })
             } else {
                 None

@@ -7,6 +7,7 @@ mod compile;
 mod elem;
 mod error;
 mod exec;
+mod fold;
 mod fuse;
 mod kernels;
 mod strided;

@@ -91,7 +91,9 @@ fn mlp(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
         .unwrap();
     // A product with a transposed activation (not a weight): packing it is a choice.
     let x2 = input(&mut g, 1, DType::F32, &[5, 37]);
-    let x2t = g.add(Op::Permute { perm: vec![1, 0] }, &[x2], "t3").unwrap();
+    let x2t = g
+        .add(Op::Permute { perm: vec![1, 0] }, &[x2], "t3")
+        .unwrap();
     let z = g.add(Op::Dot, &[x, x2t], "scores").unwrap();
     g.outputs.extend([y, z]);
     let inputs = vec![

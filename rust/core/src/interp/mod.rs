@@ -13,6 +13,7 @@ mod linalg;
 mod movement;
 mod reduce;
 mod value;
+mod window;
 
 #[cfg(test)]
 mod tests;
@@ -247,7 +248,41 @@ fn eval_node<'a>(
             let mask = has_mask.then(|| one(args, 3)).transpose()?;
             linalg::attention(x()?, one(args, 1)?, one(args, 2)?, mask, *scale, *causal)?
         }
-        Op::Kernel { .. } => unreachable!("kernels are evaluated through their base op above"),
+        Op::Kernel { .. } => return Err("internal: a kernel node reached the op switch".into()),
+        Op::Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+            has_bias,
+        } => {
+            let bias = has_bias.then(|| one(args, 2)).transpose()?;
+            let p = window::ConvParams {
+                stride,
+                padding,
+                dilation,
+                groups: *groups,
+            };
+            window::conv(x()?, one(args, 1)?, bias, &p)?
+        }
+        Op::Pool {
+            kind,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+        } => window::pool(
+            x()?,
+            &window::PoolParams {
+                kind: *kind,
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ceil_mode: *ceil_mode,
+            },
+        )?,
     };
     Ok(Cow::Owned(owned))
 }

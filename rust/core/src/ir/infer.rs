@@ -412,6 +412,8 @@ pub fn infer_type(
             shape.push(v.shape[r - 1].clone());
             TensorType::new(q.dtype, shape)
         }
+        Op::Conv { .. } => super::window::conv_type(op, inputs)?,
+        Op::Pool { .. } => super::window::pool_type(op, single_input(op, inputs)?)?,
     };
     Ok(out)
 }

@@ -4,12 +4,13 @@ mod infer;
 mod op;
 mod print;
 mod verify;
+pub mod window;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use infer::infer_type;
-pub use op::{BinaryOp, ConstData, Op, ReduceOp, UnaryOp};
+pub use op::{BinaryOp, ConstData, Op, PoolKind, ReduceOp, UnaryOp};
 pub use verify::verify;
 
 use crate::dim::{Dim, SymbolRange};

@@ -242,6 +242,20 @@ impl ReduceOp {
     }
 }
 
+/// Which window reduction a `Pool` node computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// Maximum over the in-bounds window elements (padding never wins).
+    Max,
+    /// Sum of the in-bounds window elements divided by `divisor` when given, else by the
+    /// window size clipped to the padded input (`count_include_pad`) or by the number of
+    /// in-bounds elements.
+    Avg {
+        count_include_pad: bool,
+        divisor: Option<i64>,
+    },
+}
+
 /// Constant tensor data, little-endian, contiguous, in the node's dtype.
 #[derive(Clone, PartialEq)]
 pub struct ConstData {
@@ -367,6 +381,28 @@ pub enum Op {
         name: String,
         base: Box<Op>,
     },
+    /// N-d convolution (cross-correlation, as torch) over the trailing `stride.len()` dims.
+    /// Inputs x `[N, C, *S]`, weight `[O, C/groups, *K]`, then bias `[O]` if flagged.
+    /// `padding[i] = (before, after)` zeros; `out = (S + before + after - dilation·(K-1) - 1)
+    /// / stride + 1` (floor).
+    Conv {
+        stride: Vec<i64>,
+        padding: Vec<(i64, i64)>,
+        dilation: Vec<i64>,
+        groups: i64,
+        has_bias: bool,
+    },
+    /// Max/average pooling over the trailing `kernel.len()` dims (leading dims are batch).
+    /// `padding` is symmetric, as torch's; `ceil_mode` rounds the output size up (but a
+    /// window never starts in the right padding), which needs constant spatial dims.
+    Pool {
+        kind: PoolKind,
+        kernel: Vec<i64>,
+        stride: Vec<i64>,
+        padding: Vec<i64>,
+        dilation: Vec<i64>,
+        ceil_mode: bool,
+    },
 }
 
 impl Op {
@@ -398,6 +434,15 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm".into(),
             Op::RmsNorm { .. } => "rms_norm".into(),
             Op::Attention { .. } => "attention".into(),
+            Op::Conv { .. } => "conv".into(),
+            Op::Pool {
+                kind: PoolKind::Max,
+                ..
+            } => "max_pool".into(),
+            Op::Pool {
+                kind: PoolKind::Avg { .. },
+                ..
+            } => "avg_pool".into(),
             Op::Kernel { name, base } => format!("{}@{name}", base.name()),
         }
     }

@@ -41,6 +41,27 @@ impl fmt::Display for Graph {
                     has_mask,
                 } => format!("scale={scale} causal={causal} mask={has_mask}"),
                 Op::Kernel { base, .. } => format!("{base:?}"),
+                Op::Conv {
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                    has_bias,
+                } => format!(
+                    "stride={stride:?} padding={padding:?} dilation={dilation:?} \
+                     groups={groups} bias={has_bias}"
+                ),
+                Op::Pool {
+                    kind,
+                    kernel,
+                    stride,
+                    padding,
+                    dilation,
+                    ceil_mode,
+                } => format!(
+                    "{kind:?} kernel={kernel:?} stride={stride:?} padding={padding:?} \
+                     dilation={dilation:?} ceil_mode={ceil_mode}"
+                ),
                 _ => String::new(),
             };
             writeln!(

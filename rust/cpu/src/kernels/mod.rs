@@ -1,13 +1,16 @@
 //! The kernels, by op family, and the row helpers several of them share.
 
 pub mod attention;
+pub mod conv;
 pub mod dot;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
 pub mod movement;
 pub mod norm;
+pub mod pool;
 pub mod reduce;
+pub mod window;
 
 use rayon::prelude::*;
 

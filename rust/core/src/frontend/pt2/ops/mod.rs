@@ -2,12 +2,16 @@
 //! (`torch.ops.aten.add.Tensor`) to the function that translates it; the same table decides
 //! up front whether a whole graph is supported.
 
+mod conv;
 mod creation;
 mod elementwise;
+mod group_norm;
 mod index;
 mod linalg;
 mod nn;
+mod pool;
 mod reduce;
+mod resize;
 mod shape;
 mod symint;
 
@@ -32,6 +36,10 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| nn::handler(name, overload))
         .or_else(|| index::handler(name, overload))
         .or_else(|| creation::handler(name, overload))
+        .or_else(|| conv::handler(name, overload))
+        .or_else(|| group_norm::handler(name, overload))
+        .or_else(|| pool::handler(name, overload))
+        .or_else(|| resize::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.

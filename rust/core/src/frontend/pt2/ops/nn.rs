@@ -1,6 +1,7 @@
 //! Neural-network composites kept whole by the export (softmax, layer/rms norm, attention)
 //! and eval-mode batch norm.
 
+use super::conv::{fold_batch_norm, BnParams};
 use super::{axis, tensor, Handler};
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
@@ -231,30 +232,37 @@ fn batch_norm(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         )));
     }
     let dtype = ctx.b.dtype(x);
-    let channel_shape = |ctx: &Ctx| {
-        let mut s = vec![Dim::Const(1); rank];
-        s[1] = ctx.b.shape(x)[1].clone();
-        s
-    };
-    let per_channel = |ctx: &mut Ctx, name: &str, pos: usize| -> Result<Option<ValueId>> {
+    let param = |ctx: &mut Ctx, name: &str, pos: usize| -> Result<Option<ValueId>> {
         match n.opt_tensor(name, pos)? {
             Some(t) => {
                 let v = ctx.value(t)?;
-                let v = ctx.b.cast(v, dtype)?;
-                let s = channel_shape(ctx);
-                Ok(Some(ctx.b.reshape(v, s)?))
+                Ok(Some(ctx.b.cast(v, dtype)?))
             }
             None => Ok(None),
         }
     };
-    let w = per_channel(ctx, "weight", 1)?;
-    let b = per_channel(ctx, "bias", 2)?;
-    let mean = per_channel(ctx, "running_mean", 3)?.ok_or_else(|| {
-        Error::Compile(format!("batch norm without running_mean at '{}'", n.name))
-    })?;
-    let var = per_channel(ctx, "running_var", 4)?
-        .ok_or_else(|| Error::Compile(format!("batch norm without running_var at '{}'", n.name)))?;
-    let eps = n.float("eps", 6)?.unwrap_or(1e-5);
+    let missing = |what: &str| Error::Compile(format!("batch norm without {what} at '{}'", n.name));
+    let params = BnParams {
+        weight: param(ctx, "weight", 1)?,
+        bias: param(ctx, "bias", 2)?,
+        mean: param(ctx, "running_mean", 3)?.ok_or_else(|| missing("running_mean"))?,
+        var: param(ctx, "running_var", 4)?.ok_or_else(|| missing("running_var"))?,
+        eps: n.float("eps", 6)?.unwrap_or(1e-5),
+    };
+    if let Some(y) = fold_batch_norm(ctx, x, &params)? {
+        return Ok(Out::Values(vec![Some(y), None, None]));
+    }
+    let mut channel_shape = vec![Dim::Const(1); rank];
+    channel_shape[1] = ctx.b.shape(x)[1].clone();
+    let mut per_channel = |v: Option<ValueId>| -> Result<Option<ValueId>> {
+        v.map(|v| ctx.b.reshape(v, channel_shape.clone()))
+            .transpose()
+    };
+    let w = per_channel(params.weight)?;
+    let b = per_channel(params.bias)?;
+    let mean = per_channel(Some(params.mean))?.ok_or_else(|| missing("running_mean"))?;
+    let var = per_channel(Some(params.var))?.ok_or_else(|| missing("running_var"))?;
+    let eps = params.eps;
     let t = Operand::Tensor;
     let denom = ctx
         .b

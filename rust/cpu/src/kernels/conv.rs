@@ -1,0 +1,318 @@
+//! Convolution. Dense and grouped convs run im2col + GEMM (the `gemm` crate, as `dot`);
+//! a 1×1, stride-1, unpadded conv skips im2col (the input already is the column matrix);
+//! depthwise-style convs (one input channel per group) accumulate shifted input rows
+//! directly, since a GEMM with one row of K = taps would be mostly call overhead.
+//! Work is split over batch × groups with rayon when there are several; a single image with
+//! one group gives its threads to the GEMM instead.
+
+use ember_core::dtype::DType;
+use rayon::prelude::*;
+
+use super::dot::{gemm_into, GemmElem, Mat};
+use super::elementwise::cast;
+use super::window::{size, three, Axis};
+use crate::arena::Dest;
+use crate::buffer::Val;
+use crate::elem::Real;
+use crate::error::{CpuError, KResult};
+
+pub struct Params<'a> {
+    pub stride: &'a [i64],
+    pub padding: &'a [(i64, i64)],
+    pub dilation: &'a [i64],
+    pub groups: i64,
+}
+
+/// The concrete geometry of one conv call.
+struct Geom {
+    n: usize,
+    c: usize,
+    o: usize,
+    groups: usize,
+    /// Input channels per group, output channels per group.
+    cg: usize,
+    og: usize,
+    ax: [Axis; 3],
+}
+
+impl Geom {
+    fn new(xs: &[usize], ws: &[usize], out: &[usize], p: &Params) -> KResult<Geom> {
+        let k = p.stride.len();
+        let bad = || CpuError::Shape(format!("conv{k}d of {xs:?} with weight {ws:?}"));
+        if xs.len() != k + 2 || ws.len() != k + 2 || out.len() != k + 2 {
+            return Err(bad());
+        }
+        let groups = size(p.groups, "groups")?;
+        let (n, c, o, cg) = (xs[0], xs[1], ws[0], ws[1]);
+        if groups == 0 || cg * groups != c || o % groups != 0 {
+            return Err(bad());
+        }
+        let mut axes = Vec::with_capacity(k);
+        for i in 0..k {
+            axes.push(Axis {
+                len: xs[i + 2],
+                out: out[i + 2],
+                kernel: ws[i + 2],
+                stride: size(p.stride[i], "stride")?,
+                dilation: size(p.dilation[i], "dilation")?,
+                pad: size(p.padding[i].0, "padding")?,
+            });
+        }
+        Ok(Geom {
+            n,
+            c,
+            o,
+            groups,
+            cg,
+            og: o / groups,
+            ax: three(&axes)?,
+        })
+    }
+
+    fn in_plane(&self) -> usize {
+        self.ax.iter().map(|a| a.len).product()
+    }
+
+    fn out_plane(&self) -> usize {
+        self.ax.iter().map(|a| a.out).product()
+    }
+
+    fn taps(&self) -> usize {
+        self.ax.iter().map(|a| a.kernel).product()
+    }
+
+    fn pointwise(&self) -> bool {
+        self.ax
+            .iter()
+            .all(|a| a.kernel == 1 && a.stride == 1 && a.pad == 0 && a.out == a.len)
+    }
+
+    /// Calls `f(tap, d_off, h_off, w_off)` for every kernel tap, in weight order.
+    fn for_taps(&self, mut f: impl FnMut(usize, isize, isize, isize)) {
+        let [d, h, w] = &self.ax;
+        let mut t = 0;
+        for i in 0..d.kernel {
+            for j in 0..h.kernel {
+                for l in 0..w.kernel {
+                    f(t, d.tap_offset(i), h.tap_offset(j), w.tap_offset(l));
+                    t += 1;
+                }
+            }
+        }
+    }
+
+    /// Calls `f(out_row, in_row)` for every output row (fixed od, oh) whose tap at
+    /// (d_off, h_off) lies inside the input; `in_row` indexes the input plane.
+    fn for_rows(&self, d_off: isize, h_off: isize, mut f: impl FnMut(usize, usize)) {
+        let [d, h, w] = &self.ax;
+        let (dlo, dhi) = d.valid_outputs(d_off);
+        let (hlo, hhi) = h.valid_outputs(h_off);
+        for od in dlo..dhi {
+            let id = (od * d.stride) as isize + d_off;
+            for oh in hlo..hhi {
+                let ih = (oh * h.stride) as isize + h_off;
+                f(
+                    (od * h.out + oh) * w.out,
+                    (id as usize * h.len + ih as usize) * w.len,
+                );
+            }
+        }
+    }
+}
+
+pub fn conv(
+    x: &Val,
+    w: &Val,
+    bias: Option<&Val>,
+    p: &Params,
+    out: &[usize],
+    threads: usize,
+) -> KResult<Val> {
+    let g = Geom::new(x.shape(), w.shape(), out, p)?;
+    match x.dtype {
+        DType::F32 => Val::build::<f32>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
+        DType::F64 => Val::build::<f64>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
+        // Half types compute in f32 and round once at the end, as torch's CPU kernels do.
+        DType::F16 | DType::BF16 => {
+            let b = bias.map(|b| cast(b, DType::F32)).transpose()?;
+            let (xf, wf) = (cast(x, DType::F32)?, cast(w, DType::F32)?);
+            let y = Val::build::<f32>(DType::F32, out, |y| {
+                conv_t(&xf, &wf, b.as_ref(), &g, y, threads)
+            })?;
+            cast(&y, x.dtype)
+        }
+        other => Err(CpuError::Unsupported(format!("conv of {other}"))),
+    }
+}
+
+/// Dtypes whose conv writes its result straight into a buffer (`conv_into`).
+pub fn conv_in_place(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// The conv written into `dest` (a reused arena buffer or the caller's output), so that no
+/// fresh buffer is zeroed per call and a fused epilogue can run over it in place.
+pub fn conv_into(
+    x: &Val,
+    w: &Val,
+    bias: Option<&Val>,
+    p: &Params,
+    dest: &mut Dest,
+    threads: usize,
+) -> KResult<()> {
+    let shape = dest.shape.clone();
+    let g = Geom::new(x.shape(), w.shape(), &shape, p)?;
+    if x.dtype != dest.dtype {
+        return Err(CpuError::Internal(format!(
+            "conv of {} into {}",
+            x.dtype, dest.dtype
+        )));
+    }
+    match x.dtype {
+        DType::F32 => conv_t::<f32>(x, w, bias, &g, dest.slice()?, threads),
+        DType::F64 => conv_t::<f64>(x, w, bias, &g, dest.slice()?, threads),
+        d => Err(CpuError::Internal(format!("conv into a buffer of {d}"))),
+    }
+}
+
+/// The contiguous elements of `v` (copied first when strided).
+fn elems<T: Copy>(v: &Val) -> KResult<(Val, *const T, usize)> {
+    let c = v.contiguous()?;
+    let view = c.view::<T>()?;
+    let (ptr, n) = (view.ptr, c.numel());
+    Ok((c, ptr, n))
+}
+
+/// The conv into `y` (contiguous `[N, O, *S']`; every element is written).
+fn conv_t<T: GemmElem + Real>(
+    x: &Val,
+    w: &Val,
+    bias: Option<&Val>,
+    g: &Geom,
+    y: &mut [T],
+    threads: usize,
+) -> KResult<()> {
+    let (_xk, xp, xn) = elems::<T>(x)?;
+    let (_wk, wp, wn) = elems::<T>(w)?;
+    let bias: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
+    if xn != g.n * g.c * g.in_plane()
+        || wn != g.o * g.cg * g.taps()
+        || y.len() != g.n * g.o * g.out_plane()
+    {
+        return Err(CpuError::Internal("conv operand sizes".into()));
+    }
+    // SAFETY: both values are contiguous with exactly these many elements (checked above)
+    // and stay alive (`_xk`, `_wk`) for the whole call.
+    let xs = unsafe { std::slice::from_raw_parts(xp, xn) };
+    let ws = unsafe { std::slice::from_raw_parts(wp, wn) };
+    let (ip, op) = (g.in_plane(), g.out_plane());
+    let tasks = g.n * g.groups;
+    {
+        if op == 0 || tasks == 0 {
+            return Ok(());
+        }
+        // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
+        let run = |t: usize, y: &mut [T], col: &mut Vec<T>, threads: usize| {
+            let (b, grp) = (t / g.groups, t % g.groups);
+            let x0 = (b * g.c + grp * g.cg) * ip;
+            let xg = &xs[x0..x0 + g.cg * ip];
+            let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
+            if g.cg == 1 && g.og <= 4 {
+                direct(g, xg, wg, y);
+            } else {
+                let k = g.cg * g.taps();
+                let cols: &[T] = if g.pointwise() {
+                    xg
+                } else {
+                    col.clear();
+                    col.resize(k * op, <T as Real>::ZERO);
+                    im2col(g, xg, col);
+                    col
+                };
+                let a = Mat {
+                    ptr: wg.as_ptr(),
+                    rs: k as isize,
+                    cs: 1,
+                };
+                let bm = Mat {
+                    ptr: cols.as_ptr(),
+                    rs: op as isize,
+                    cs: 1,
+                };
+                // SAFETY: `wg` is og×k and `cols` is k×op, both contiguous row-major.
+                unsafe { gemm_into(y, op, (g.og, op, k), a, bm, threads) };
+            }
+            if let Some(bias) = &bias {
+                for (row, &bv) in y.chunks_mut(op).zip(&bias[grp * g.og..]) {
+                    row.iter_mut().for_each(|v| *v = *v + bv);
+                }
+            }
+        };
+        let chunk = g.og * op;
+        if tasks > 1 {
+            y.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each_init(Vec::new, |col, (t, y)| run(t, y, col, 1));
+        } else {
+            run(0, y, &mut Vec::new(), threads);
+        }
+        Ok(())
+    }
+}
+
+/// Fills `col` (`[cg·taps, out_plane]`) with the input value each tap of each output reads
+/// (zero where it reads padding).
+fn im2col<T: Real>(g: &Geom, x: &[T], col: &mut [T]) {
+    let (ip, op) = (g.in_plane(), g.out_plane());
+    let w = g.ax[2];
+    col.par_chunks_mut(g.taps() * op)
+        .enumerate()
+        .with_min_len(4)
+        .for_each(|(c, rows)| {
+            let xc = &x[c * ip..(c + 1) * ip];
+            g.for_taps(|t, d_off, h_off, w_off| {
+                let row = &mut rows[t * op..(t + 1) * op];
+                let (lo, hi) = w.valid_outputs(w_off);
+                g.for_rows(d_off, h_off, |o, i| {
+                    let dst = &mut row[o + lo..o + hi];
+                    let start = (i as isize + w_off + (lo * w.stride) as isize) as usize;
+                    if w.stride == 1 {
+                        dst.copy_from_slice(&xc[start..start + dst.len()]);
+                    } else {
+                        for (k, d) in dst.iter_mut().enumerate() {
+                            *d = xc[start + k * w.stride];
+                        }
+                    }
+                });
+            });
+        });
+}
+
+/// `y[oc] = Σ_tap w[oc, tap] · shifted x` for a group with a single input channel.
+fn direct<T: Real>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
+    let op = g.out_plane();
+    let taps = g.taps();
+    let ax = g.ax[2];
+    for (oc, yo) in y.chunks_mut(op).enumerate() {
+        yo.iter_mut().for_each(|v| *v = <T as Real>::ZERO);
+        let wo = &w[oc * taps..(oc + 1) * taps];
+        g.for_taps(|t, d_off, h_off, w_off| {
+            let wt = wo[t];
+            let (lo, hi) = ax.valid_outputs(w_off);
+            g.for_rows(d_off, h_off, |o, i| {
+                let dst = &mut yo[o + lo..o + hi];
+                let start = (i as isize + w_off + (lo * ax.stride) as isize) as usize;
+                let n = dst.len();
+                if ax.stride == 1 {
+                    for (d, &s) in dst.iter_mut().zip(&x[start..start + n]) {
+                        *d = *d + wt * s;
+                    }
+                } else {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = *d + wt * x[start + k * ax.stride];
+                    }
+                }
+            });
+        });
+    }
+}

@@ -1,0 +1,194 @@
+"""Convolutions (1/2/3-d, stride, padding incl. 'same'/'valid', dilation, groups,
+depthwise, transposed), pooling (max/avg with ceil_mode, count_include_pad, dilation;
+adaptive avg/max), interpolate (nearest, bilinear both ways), pad modes, and the norms CNNs
+use (eval batch norm, group norm, instance norm)."""
+
+import pytest
+import torch.nn.functional as F
+from conftest import Fn, check, ember, rand
+from torch import nn
+
+# Convolutions sum up to a few hundred f32 products in another order than torch's kernels.
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        nn.Conv2d(4, 6, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 3), groups=2),
+        nn.Conv2d(6, 12, 3, padding=1, groups=6, bias=False),  # depthwise, multiplier 2
+        nn.Conv2d(5, 7, 1),  # pointwise
+        nn.Conv2d(3, 4, 4, padding="same"),  # even kernel: asymmetric 'same'
+        nn.Conv2d(3, 4, 3, padding="valid", dilation=2),
+    ],
+    ids=["strided", "grouped_dilated", "depthwise", "pointwise", "same_even", "valid"],
+)
+def test_conv2d(conv, backend):
+    check(conv, [rand(2, conv.in_channels, 11, 9)], backend, **TOL)
+
+
+def test_conv1d_and_conv3d(backend):
+    c1 = nn.Conv1d(3, 5, 4, stride=3, padding=2, dilation=2)
+    c1s = nn.Conv1d(3, 4, 3, padding="same")
+    c3 = nn.Conv3d(2, 3, (2, 3, 2), stride=(1, 2, 1), padding=1, groups=1)
+    check(
+        lambda a, b: (c1(a), c1s(a), c3(b)),
+        [rand(2, 3, 13), rand(1, 2, 5, 6, 4)],
+        backend,
+        **TOL,
+    )
+
+
+def test_conv_noncontiguous_input(backend):
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    check(lambda x: conv(x.permute(0, 3, 1, 2)), [rand(2, 7, 6, 3)], backend, **TOL)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1),
+        nn.ConvTranspose2d(4, 6, (2, 3), stride=(2, 1), groups=2, dilation=(1, 2)),
+        nn.ConvTranspose2d(2, 3, 3, stride=1, padding=2, bias=False),  # padding > kernel reach
+    ],
+    ids=["strided", "grouped", "cropping"],
+)
+def test_conv_transpose2d(conv, backend):
+    check(conv, [rand(2, conv.in_channels, 5, 6)], backend, **TOL)
+
+
+def test_batch_norm_eval_folds_into_conv(backend):
+    conv, bn = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.data.uniform_(-2, 2)
+    bn.bias.data.uniform_(-1, 1)
+    bn1 = nn.BatchNorm1d(3).eval()
+    check(
+        lambda x, y: (bn(conv(x)), bn(x.repeat(1, 2, 1, 1)), bn1(y)),
+        [rand(2, 3, 7, 5), rand(4, 3, 6)],
+        backend,
+        **TOL,
+    )
+
+
+def test_group_and_instance_norm(backend):
+    gn = nn.GroupNorm(3, 6)  # (modules in a lambda are not put in eval mode by check)
+    gn.weight.data.uniform_(-2, 2)
+    inorm = nn.InstanceNorm2d(6, affine=True)
+    inorm_plain = nn.InstanceNorm1d(4)
+    check(
+        lambda x, y: (gn(x), inorm(x), inorm_plain(y)),
+        [rand(2, 6, 5, 4) * 10 + 3, rand(3, 4, 9)],
+        backend,
+        **TOL,
+    )
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool(ceil_mode, backend):
+    check(
+        lambda x, y, z: (
+            F.max_pool2d(x, 3, 2, 1, ceil_mode=ceil_mode),
+            F.max_pool2d(x, (3, 2), (2, 1), (1, 0), dilation=(2, 1), ceil_mode=ceil_mode),
+            F.max_pool1d(y, 4, 3, 2, ceil_mode=ceil_mode),
+            F.max_pool3d(z, 2, ceil_mode=ceil_mode),
+        ),
+        [rand(2, 3, 9, 8), rand(2, 3, 13), rand(1, 2, 5, 6, 7)],
+        backend,
+    )
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [False, True])
+def test_avg_pool(ceil_mode, count_include_pad, backend):
+    kw = {"ceil_mode": ceil_mode, "count_include_pad": count_include_pad}
+    check(
+        lambda x, y, z: (
+            F.avg_pool2d(x, 3, 2, 1, **kw),
+            F.avg_pool2d(x, (2, 3), (2, 2), (1, 0), divisor_override=4, **kw),
+            F.avg_pool1d(y, 3, 2, 1, **kw),
+            F.avg_pool3d(z, 2, 2, 1, **kw),
+        ),
+        [rand(2, 3, 9, 8), rand(2, 3, 11), rand(1, 2, 5, 6, 7)],
+        backend,
+        **TOL,
+    )
+
+
+def test_adaptive_pooling(backend):
+    check(
+        lambda x: (
+            F.adaptive_avg_pool2d(x, 1),
+            F.adaptive_avg_pool2d(x, (3, 4)),  # divisible: one pooling window size
+            F.adaptive_avg_pool2d(x, (4, 3)),  # uneven, overlapping bins
+            F.adaptive_max_pool2d(x, (5, 3)),
+            F.adaptive_avg_pool1d(x.flatten(2), 7),
+            F.adaptive_max_pool1d(x.flatten(2), 5),
+        ),
+        [rand(2, 3, 9, 8)],
+        backend,
+        **TOL,
+    )
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_bilinear(align_corners, backend):
+    ac = {"mode": "bilinear", "align_corners": align_corners}
+    check(
+        lambda x: (
+            F.interpolate(x, scale_factor=2, **ac),
+            F.interpolate(x, size=(7, 11), **ac),
+            F.interpolate(x, size=(3, 2), **ac),  # downsampling
+            F.interpolate(x, scale_factor=(1.5, 0.75), **ac),
+        ),
+        [rand(2, 3, 5, 6)],
+        backend,
+        **TOL,
+    )
+
+
+def test_nearest(backend):
+    check(
+        lambda x, y, z: (
+            F.interpolate(x, scale_factor=2, mode="nearest"),
+            F.interpolate(x, size=(7, 4), mode="nearest"),
+            F.interpolate(x, scale_factor=(1.5, 0.5), mode="nearest"),
+            F.interpolate(y, scale_factor=3, mode="nearest"),
+            F.interpolate(z, size=(3, 4, 5), mode="nearest"),
+            nn.Upsample(scale_factor=2)(x),
+            F.interpolate(x, size=(7, 4), mode="nearest-exact"),
+            F.interpolate(y, scale_factor=2.5, mode="nearest-exact"),
+        ),
+        [rand(2, 3, 5, 6), rand(2, 3, 4), rand(1, 2, 2, 3, 4)],
+        backend,
+    )
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad_modes(mode, backend):
+    kw = {"value": 1.5} if mode == "constant" else {}
+    check(
+        lambda x, y: (F.pad(x, (1, 2, 2, 0), mode=mode, **kw), F.pad(y, (2, 1), mode=mode, **kw)),
+        [rand(2, 3, 5, 6), rand(2, 3, 7)],
+        backend,
+    )
+
+
+def test_cnn_activations(backend):
+    check(
+        lambda x: (F.relu6(x), F.hardswish(x), F.hardsigmoid(x), F.hardtanh(x, -2, 1.5)),
+        [rand(2, 3, 4, 5) * 3],
+        backend,
+    )
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "trilinear"])
+def test_unsupported_interpolation_is_named(mode):
+    def f(x):
+        return F.interpolate(x, scale_factor=2, mode=mode)
+
+    shape = (1, 2, 3, 4, 4) if mode == "trilinear" else (1, 2, 4, 4)
+    with pytest.raises(ember.UnsupportedOpError, match=f"upsample_{mode}"):
+        ember.compile(Fn(f), rand(*shape), fallback="error")
