@@ -3,6 +3,7 @@ assert_close against eager), run on every backend Ember has."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,19 @@ import torch
 from ember.backend import programs_compiled
 
 BACKENDS = ["cpu", "reference"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_compile_cache(tmp_path_factory):
+    """The optimizer's compile cache lives in a fresh folder per test session: results never
+    depend on what an earlier run (or an older Ember) left in the user's cache."""
+    old = os.environ.get("EMBER_CACHE_DIR")
+    os.environ["EMBER_CACHE_DIR"] = str(tmp_path_factory.mktemp("ember-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EMBER_CACHE_DIR", None)
+    else:
+        os.environ["EMBER_CACHE_DIR"] = old
 
 
 @pytest.fixture(autouse=True)

@@ -20,40 +20,69 @@ def _median_ms(fn, args, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def _demo_model(name: str, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    """A built-in model, its inputs and a one-line description."""
+    from ember.models import Llama, LlamaConfig, MobileNet, ResNet
+
+    if name == "llama":
+        cfg = LlamaConfig()
+        model = Llama(cfg).eval()
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        what = (
+            f"llama-style decoder, {cfg.layers} layers, dim {cfg.dim}, {params:.1f}M "
+            f"parameters, prompt of {seq} tokens"
+        )
+        return model, (torch.randint(0, cfg.vocab, (1, seq)),), what
+    model = (ResNet() if name == "resnet" else MobileNet()).eval()
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    what = f"{name} CNN, {params:.2f}M parameters, 4 images of 3x64x64"
+    return model, (torch.randn(4, 3, 64, 64),), what
+
+
 def demo(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ember demo", description=demo.__doc__)
-    parser.add_argument("--seq", type=int, default=64, help="prompt length")
+    parser.add_argument(
+        "--model", choices=("llama", "resnet", "mobilenet"), default="llama", help="model"
+    )
+    parser.add_argument("--seq", type=int, default=64, help="prompt length (llama)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     args = parser.parse_args(argv)
 
     import ember
-    from ember.models import Llama, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig()
-    model = Llama(cfg).eval()
-    tokens = torch.randint(0, cfg.vocab, (1, args.seq))
+    model, inputs, what = _demo_model(args.model, args.seq)
     print(
-        f"Ember {ember.__version__} demo: llama-style decoder, {cfg.layers} layers, dim {cfg.dim}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, prompt of "
-        f"{args.seq} tokens, {args.threads or torch.get_num_threads()} thread(s)"
+        f"Ember {ember.__version__} demo: {what}, "
+        f"{args.threads or torch.get_num_threads()} thread(s)"
     )
     options = {"num_threads": args.threads} if args.threads else {}
     compiled = torch.compile(model, backend="ember", options=options)
     with torch.no_grad():
         start = time.perf_counter()
-        out = compiled(tokens)
+        out = compiled(*inputs)
         compile_s = time.perf_counter() - start
-        ref = model(tokens)
+        ref = model(*inputs)
         err = (out - ref).abs().max().item()
         # Interleave the two so that machine noise hits both alike.
         eager_ms, ember_ms = [], []
         for _ in range(3):
-            eager_ms.append(_median_ms(model, (tokens,), args.repeats))
-            ember_ms.append(_median_ms(compiled, (tokens,), args.repeats))
+            eager_ms.append(_median_ms(model, inputs, args.repeats))
+            ember_ms.append(_median_ms(compiled, inputs, args.repeats))
     eager, fast = statistics.median(eager_ms), statistics.median(ember_ms)
+    report = ember.last_report()
     print(f"compile time:          {compile_s:.2f} s")
+    if report is not None:
+        chosen = (
+            report.candidates[report.chosen].description if report.chosen is not None else "none"
+        )
+        source = " (from the compile cache)" if report.cache_hit else ""
+        print(
+            f"optimizer:             {report.egraph_nodes} e-nodes, "
+            f"{len(report.candidates)} candidates measured and verified{source}; "
+            f"chose: {chosen}"
+        )
     print(f"max abs error vs eager: {err:.2e}")
     print(f"eager latency (median): {eager:.2f} ms")
     print(f"ember latency (median): {fast:.2f} ms")
@@ -64,7 +93,9 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
-demo.__doc__ = "Compile a built-in llama-style model and compare it with eager PyTorch."
+demo.__doc__ = (
+    "Compile a built-in model (llama, resnet, mobilenet) and compare it with eager PyTorch."
+)
 
 
 def _onnx_inputs(path: str, given: list[str], dims: list[str], seed: int) -> dict[str, Any]:

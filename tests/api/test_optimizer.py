@@ -111,6 +111,7 @@ def test_same_seed_same_candidates():
     model, inputs = _cases()["silu-mlp"]
     a = ember.compile(model, *inputs, **FUZZ).report()
     b = ember.compile(model, *inputs, **FUZZ).report()
+
     # The combined candidate depends on which single changes won (timings); the proposals
     # themselves are deterministic.
     def proposed(r):

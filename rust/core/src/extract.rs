@@ -318,12 +318,18 @@ impl<'a> Extractor<'a> {
                 "optimizer: this choice of e-nodes is cyclic".into(),
             ));
         }
+        // Genomes may come from a cache written for another e-graph: check every index.
         let i = genome
             .get(&c)
             .copied()
-            .or(self.best[c])
+            .or_else(|| self.best.get(c).copied().flatten())
             .ok_or_else(|| Error::Compile(format!("optimizer: class {c} has no program")))?;
-        let en = &self.data.classes[c][i];
+        let en = self
+            .data
+            .classes
+            .get(c)
+            .and_then(|class| class.get(i))
+            .ok_or_else(|| Error::Compile(format!("optimizer: no e-node {i} in class {c}")))?;
         let id = match &en.kind {
             NodeKind::Source(key) => {
                 if let Some(&id) = sources.get(key) {

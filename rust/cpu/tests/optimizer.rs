@@ -442,5 +442,14 @@ fn cache_hit_reuses_the_choice() {
     assert_eq!(first.graph.to_string(), second.graph.to_string());
     // The cached program still computes the right thing.
     check_with(&second.graph, &w, &inputs, 1e-5, "cached program");
+    // An entry that does not fit this e-graph (another Ember, other rules) is a miss.
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let path = f.unwrap().path();
+        let text = r#"{"genome":[[0,7],[99999,3]],"fingerprint":"0","description":"stale"}"#;
+        std::fs::write(path, text).unwrap();
+    }
+    let third = optimize(&g, &backend, &w, &o).unwrap();
+    assert!(!third.report.cache_hit);
+    assert!(third.report.chosen.is_some());
     let _ = std::fs::remove_dir_all(&dir);
 }
