@@ -83,6 +83,26 @@ CONV_T = {
         {"group": 2, "dilations": [2, 1], "strides": [1, 3], "pads": [0, 1, 2, 0]},
     ),
     "2d_big_pads": (randn(1, 2, 6, 6), randn(2, 2, 3, 3, seed=1), {"pads": [3, 2, 3, 4]}),
+    "2d_output_shape": (
+        randn(1, 3, 5, 4),
+        randn(3, 2, 3, 4, seed=1),
+        {"strides": [2, 2], "output_shape": [10, 8]},
+    ),
+    "1d_output_shape_odd": (
+        randn(1, 2, 6),
+        randn(2, 3, 4, seed=1),
+        {"strides": [2], "output_shape": [13]},
+    ),
+    "2d_same_upper": (
+        randn(1, 3, 5, 4),
+        randn(3, 2, 3, 4, seed=1),
+        {"strides": [2, 3], "auto_pad": "SAME_UPPER"},
+    ),
+    "2d_same_lower": (
+        randn(1, 3, 5, 4),
+        randn(3, 2, 3, 4, seed=1),
+        {"strides": [2, 3], "auto_pad": "SAME_LOWER"},
+    ),
 }
 
 
@@ -146,10 +166,10 @@ def test_max_pool_indices_output_is_unsupported() -> None:
         ember.compile_onnx(model)
 
 
-def test_conv_transpose_output_shape_is_unsupported() -> None:
+def test_conv_transpose_output_shape_too_large_is_unsupported() -> None:
     x, w = randn(1, 2, 4, 4), randn(2, 2, 3, 3, seed=1)
-    model = single("ConvTranspose", {"x": x}, {"output_shape": [6, 6]}, 1, {"w": w})
-    with pytest.raises(ember.UnsupportedOpError, match="output_shape"):
+    model = single("ConvTranspose", {"x": x}, {"output_shape": [9, 6]}, 1, {"w": w})
+    with pytest.raises(ember.UnsupportedOpError, match="'ConvTranspose' at node.*output size 9"):
         ember.compile_onnx(model)
 
 

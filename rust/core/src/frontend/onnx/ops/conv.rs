@@ -164,9 +164,6 @@ fn conv_transposed(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let (x, k) = spatial_input(ctx, n)?;
     let w = ctx.input(n, 1)?;
     let bias = ctx.opt_input(n, 2)?;
-    if n.has_attr("output_shape") {
-        return Err(n.unsupported("the output_shape attribute (give pads and output_padding)"));
-    }
     let kernel = weight_kernel(ctx, n, w, k)?;
     let stride = per_dim(n, "strides", k, 1, 1)?;
     let dilation = per_dim(n, "dilations", k, 1, 1)?;
@@ -176,11 +173,44 @@ fn conv_transposed(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(shape_err(n, format!("group {groups} must be ≥ 1")));
     }
     let auto = n.string("auto_pad", "NOTSET")?;
-    if auto != "NOTSET" && auto != "VALID" {
-        return Err(n.unsupported(format!("auto_pad={auto} (give explicit pads)")));
-    }
     let lens = ctx.b.shape(x)[2..].to_vec();
-    let padding = resolve_pads(n, &lens, &kernel, &stride, &dilation)?;
+    let target = match n.ints("output_shape")? {
+        Some(o) if o.len() == k => Some(o),
+        Some(o) => {
+            return Err(shape_err(
+                n,
+                format!("output_shape {o:?} must give the {k} spatial dims"),
+            ))
+        }
+        None if auto.starts_with("SAME") => Some(Vec::new()),
+        None => None,
+    };
+    let padding = match target {
+        None => resolve_pads(n, &lens, &kernel, &stride, &dilation)?,
+        // The pads that give `output_shape` (SAME: L·stride), split as ONNX Runtime 1.32
+        // does: the odd unit at the end for SAME_UPPER, at the start otherwise.
+        Some(out) => (0..k)
+            .map(|i| -> Result<(i64, i64)> {
+                let len = lens[i].as_const().ok_or_else(|| {
+                    n.unsupported("output_shape or auto_pad=SAME with symbolic spatial dims")
+                })?;
+                let want = out.get(i).copied().unwrap_or(len * stride[i]);
+                let total =
+                    stride[i] * (len - 1) + output_padding[i] + dilation[i] * (kernel[i] - 1) + 1
+                        - want;
+                if total < 0 {
+                    return Err(n.unsupported(format!(
+                        "output size {want} beyond the full transposed convolution"
+                    )));
+                }
+                Ok(if auto == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                })
+            })
+            .collect::<Result<_>>()?,
+    };
     let p = TransposeParams {
         stride,
         padding,
