@@ -56,10 +56,8 @@ def test_unknown_op_names_op_and_node() -> None:
 @pytest.mark.parametrize(
     ("op", "inputs", "attrs"),
     [
-        ("Conv", ["x", "w"], {}),
-        ("MaxPool", ["x"], {"kernel_shape": [2]}),
-        ("AveragePool", ["x"], {"kernel_shape": [2]}),
-        ("ConvTranspose", ["x", "w"], {}),
+        ("LpPool", ["x"], {"kernel_shape": [2]}),
+        ("MaxUnpool", ["x", "i"], {"kernel_shape": [2]}),
         ("Resize", ["x", "", "sc"], {}),
         ("TopK", ["x", "k"], {}),
         ("ScatterND", ["x", "i", "u"], {}),

@@ -2,5 +2,6 @@
 //! `builder` holds what every frontend needs: broadcasting, type promotion, casts.
 
 pub mod builder;
+pub mod conv;
 pub mod onnx;
 pub mod pt2;

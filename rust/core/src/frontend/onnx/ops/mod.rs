@@ -1,6 +1,7 @@
 //! ONNX op translations, one file per family. `handler` maps an op type to the function that
 //! translates it; the same table decides up front whether a whole model is supported.
 
+mod conv;
 mod creation;
 mod elementwise;
 mod index;
@@ -25,14 +26,16 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| index::handler(op))
         .or_else(|| linalg::handler(op))
         .or_else(|| nn::handler(op))
+        .or_else(|| conv::handler(op))
         .or_else(|| creation::handler(op))
 }
 
 /// Ops Ember knows but cannot express with the current IR, with the reason.
 pub fn unsupported_reason(op: &str) -> Option<&'static str> {
     Some(match op {
-        "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool" | "MaxUnpool"
-        | "GlobalLpPool" => "convolution and pooling need IR ops Ember does not have yet",
+        "LpPool" | "MaxUnpool" | "GlobalLpPool" => {
+            "Lp pooling and unpooling need IR ops Ember does not have yet"
+        }
         "Resize" | "Upsample" | "GridSample" => "resampling needs an IR op Ember does not have yet",
         "TopK" | "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
         "ScatterElements" | "ScatterND" | "Scatter" => {

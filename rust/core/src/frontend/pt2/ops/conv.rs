@@ -6,6 +6,7 @@ use crate::dim::Dim;
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
+use crate::frontend::conv::{conv_transpose, TransposeParams};
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
 use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
@@ -63,12 +64,12 @@ fn convolution(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     if transposed {
         let p = TransposeParams {
             stride,
-            padding,
+            padding: padding.iter().map(|&p| (p, p)).collect(),
             dilation,
             output_padding,
             groups,
         };
-        return Ok(Out::Value(conv_transpose(ctx, x, w, bias, &p)?));
+        return Ok(Out::Value(conv_transpose(&mut ctx.b, x, w, bias, &p)?));
     }
     if output_padding.iter().any(|&p| p != 0) {
         return Err(Error::unsupported_because(
@@ -87,111 +88,6 @@ fn convolution(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let mut inputs = vec![x, w];
     inputs.extend(bias);
     Ok(Out::Value(ctx.b.op(op, &inputs)?))
-}
-
-struct TransposeParams {
-    stride: Vec<i64>,
-    padding: Vec<i64>,
-    dilation: Vec<i64>,
-    output_padding: Vec<i64>,
-    groups: i64,
-}
-
-/// A transposed convolution is the convolution of the input with zeros inserted between
-/// elements (stride − 1 per gap), padded by `dilation·(K−1) − padding` (plus output_padding
-/// after), with the weight's in/out channels swapped per group and its taps flipped.
-/// The inserted zeros add exact zeros, so this is torch's result up to summation order.
-fn conv_transpose(
-    ctx: &mut Ctx,
-    x: ValueId,
-    w: ValueId,
-    bias: Option<ValueId>,
-    p: &TransposeParams,
-) -> Result<ValueId> {
-    let k = p.stride.len();
-    let ws = ctx.b.shape(w);
-    let g = p.groups;
-    let (cin, og) = match (ws[0].as_const(), ws[1].as_const()) {
-        (Some(c), Some(o)) if g > 0 && c % g == 0 => (c, o),
-        _ => {
-            return Err(Error::Shape(format!(
-                "node '{}': transposed convolution weight {} with groups={g}",
-                ctx.b.origin,
-                crate::dim::format_shape(&ws)
-            )))
-        }
-    };
-    let mut x = x;
-    let mut padding = Vec::with_capacity(k);
-    for i in 0..k {
-        let axis = 2 + i;
-        let s = p.stride[i];
-        if s > 1 {
-            // [.., L, ..] → [.., L, 1, ..] → pad to [.., L, s, ..] → [.., L·s, ..] → first
-            // (L−1)·s + 1.
-            let shape = ctx.b.shape(x);
-            let len = shape[axis].clone();
-            let mut split = shape.clone();
-            split.insert(axis + 1, Dim::Const(1));
-            let v = ctx.b.reshape(x, split.clone())?;
-            let mut pads = vec![(0, 0); split.len()];
-            pads[axis + 1] = (0, s - 1);
-            let v = ctx.b.op(
-                Op::Pad {
-                    pads,
-                    value: Scalar::Float(0.0),
-                },
-                &[v],
-            )?;
-            let mut merged = shape;
-            merged[axis] = &len * &Dim::Const(s);
-            let v = ctx.b.reshape(v, merged)?;
-            let keep = &(&len * &Dim::Const(s)) - &Dim::Const(s - 1);
-            x = ctx.b.slice(v, axis, Dim::Const(0), keep, 1)?;
-        }
-        let kern = ws[axis].as_const().ok_or_else(|| {
-            Error::Shape(format!("node '{}': symbolic kernel size", ctx.b.origin))
-        })?;
-        let edge = p.dilation[i] * (kern - 1);
-        let (before, after) = (
-            edge - p.padding[i],
-            edge - p.padding[i] + p.output_padding[i],
-        );
-        // Padding larger than the kernel's reach crops the zero-stuffed input instead.
-        if before < 0 || after < 0 {
-            let len = ctx.b.shape(x)[axis].clone();
-            let start = Dim::Const((-before).max(0));
-            let end = &len - &Dim::Const((-after).max(0));
-            x = ctx.b.slice(x, axis, start, end, 1)?;
-        }
-        padding.push((before.max(0), after.max(0)));
-    }
-    // [Cin, O/g, *K] → [g, Cin/g, O/g, *K] → [g, O/g, Cin/g, *K] → [O, Cin/g, *K], flipped.
-    let mut grouped = vec![Dim::Const(g), Dim::Const(cin / g), Dim::Const(og)];
-    grouped.extend(ws[2..].iter().cloned());
-    let wv = ctx.b.reshape(w, grouped)?;
-    let mut perm = vec![0, 2, 1];
-    perm.extend(3..3 + k);
-    let wv = ctx.b.permute(wv, perm)?;
-    let mut flat = vec![Dim::Const(g * og), Dim::Const(cin / g)];
-    flat.extend(ws[2..].iter().cloned());
-    let wv = ctx.b.reshape(wv, flat)?;
-    let wv = ctx.b.op(
-        Op::Flip {
-            axes: (2..2 + k).collect(),
-        },
-        &[wv],
-    )?;
-    let op = Op::Conv {
-        stride: vec![1; k],
-        padding,
-        dilation: p.dilation.clone(),
-        groups: g,
-        has_bias: bias.is_some(),
-    };
-    let mut inputs = vec![x, wv];
-    inputs.extend(bias);
-    ctx.b.op(op, &inputs)
 }
 
 /// Eval batch norm applied to the output of a conv whose weight does not depend on the
