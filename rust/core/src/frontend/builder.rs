@@ -105,6 +105,79 @@ impl Builder {
         )
     }
 
+    /// numpy/torch `matmul` for any ranks ≥ 1, built from `Dot` with explicit broadcasting:
+    /// 1-D operands gain (then lose) a unit dim; batch dims broadcast.
+    pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        let b = self;
+        if b.dtype(x) != b.dtype(y) {
+            return Err(Error::Compile(format!(
+                "matmul of {} and {} at node '{}' (torch requires equal dtypes)",
+                b.dtype(x),
+                b.dtype(y),
+                b.origin
+            )));
+        }
+        let (rx, ry) = (b.rank(x), b.rank(y));
+        if rx == 0 || ry == 0 {
+            return Err(Error::Shape(format!(
+                "matmul of a 0-d tensor at node '{}'",
+                b.origin
+            )));
+        }
+        // Vectors become matrices, and the added dim is dropped at the end.
+        let mut xs = b.shape(x);
+        let mut ys = b.shape(y);
+        let x_vec = rx == 1;
+        let y_vec = ry == 1;
+        if x_vec {
+            xs.insert(0, Dim::Const(1));
+        }
+        if y_vec {
+            ys.push(Dim::Const(1));
+        }
+        let x = b.reshape(x, xs.clone())?;
+        let y = b.reshape(y, ys.clone())?;
+        let (m, k) = (xs[xs.len() - 2].clone(), xs[xs.len() - 1].clone());
+        let nn = ys[ys.len() - 1].clone();
+        let k2 = &ys[ys.len() - 2];
+        if k.provably_equal(k2) == Some(false) {
+            return Err(Error::Shape(format!(
+                "matmul of {} and {}: inner dims {k} and {k2} differ at node '{}'",
+                crate::dim::format_shape(&xs),
+                crate::dim::format_shape(&ys),
+                b.origin
+            )));
+        }
+        let out = if ys.len() == 2 {
+            // [..., M, K] @ [K, N]: fold the leading dims into M; the weight stays 2-D.
+            let lead = xs[..xs.len() - 2].to_vec();
+            let rows = numel(&[numel(&lead), m.clone()]);
+            let x2 = b.reshape(x, vec![rows, k])?;
+            let d = b.op(Op::Dot, &[x2, y])?;
+            let mut shape = lead;
+            shape.extend([m, nn.clone()]);
+            b.reshape(d, shape)?
+        } else {
+            let batch = broadcast_shapes(&xs[..xs.len() - 2], &ys[..ys.len() - 2])?;
+            let mut xt = batch.clone();
+            xt.extend([m.clone(), k.clone()]);
+            let mut yt = batch.clone();
+            yt.extend([k2.clone(), nn.clone()]);
+            let x = b.broadcast_to(x, &xt)?;
+            let y = b.broadcast_to(y, &yt)?;
+            b.op(Op::Dot, &[x, y])?
+        };
+        let mut shape = b.shape(out);
+        if y_vec {
+            shape.pop();
+        }
+        if x_vec {
+            let r = shape.len();
+            shape.remove(r - if y_vec { 1 } else { 2 });
+        }
+        b.reshape(out, shape)
+    }
+
     /// numpy-style broadcasting of `v` to `shape` (leading dims added by reshape).
     pub fn broadcast_to(&mut self, v: ValueId, shape: &[Dim]) -> Result<ValueId> {
         let cur = self.shape(v);

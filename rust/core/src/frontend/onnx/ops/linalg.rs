@@ -7,7 +7,7 @@ use super::{one, Handler};
 use crate::dim::{numel, Dim};
 use crate::dtype::Scalar;
 use crate::error::Result;
-use crate::frontend::builder::{broadcast_shapes, Builder, Operand};
+use crate::frontend::builder::{Builder, Operand};
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
 use crate::ir::{BinaryOp, Op, ReduceOp, ValueId};
@@ -28,60 +28,9 @@ fn matmul_node(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     one(matmul(&mut ctx.b, n, a, b)?)
 }
 
-/// numpy `matmul`: 1-D operands gain (then lose) a unit dim; batch dims broadcast.
-fn matmul(b: &mut Builder, n: &Node, x: ValueId, y: ValueId) -> Result<ValueId> {
-    let (mut xs, mut ys) = (b.shape(x), b.shape(y));
-    if xs.is_empty() || ys.is_empty() {
-        return Err(n.err("MatMul operands must have rank ≥ 1"));
-    }
-    let (x_vec, y_vec) = (xs.len() == 1, ys.len() == 1);
-    if x_vec {
-        xs.insert(0, Dim::Const(1));
-    }
-    if y_vec {
-        ys.push(Dim::Const(1));
-    }
-    let x = b.reshape(x, xs.clone())?;
-    let y = b.reshape(y, ys.clone())?;
-    let (m, k) = (xs[xs.len() - 2].clone(), xs[xs.len() - 1].clone());
-    let (k2, cols) = (ys[ys.len() - 2].clone(), ys[ys.len() - 1].clone());
-    if k.provably_equal(&k2) == Some(false) {
-        return Err(crate::error::Error::Shape(format!(
-            "MatMul of {} and {}: inner dims {k} and {k2} differ (ONNX MatMul node '{}')",
-            crate::dim::format_shape(&xs),
-            crate::dim::format_shape(&ys),
-            n.name
-        )));
-    }
-    let lead = xs[..xs.len() - 2].to_vec();
-    let out = if ys.len() == 2 {
-        // [..., M, K] x [K, N]: fold the leading dims into M so the weight stays 2-D.
-        let rows = numel(&[numel(&lead), m.clone()]);
-        let x2 = b.reshape(x, vec![rows, k])?;
-        let d = b.op(Op::Dot, &[x2, y])?;
-        let mut shape = lead;
-        shape.extend([m, cols]);
-        b.reshape(d, shape)?
-    } else {
-        let batch =
-            broadcast_shapes(&lead, &ys[..ys.len() - 2]).map_err(|e| n.err(e.to_string()))?;
-        let mut xt = batch.clone();
-        xt.extend([m, k]);
-        let mut yt = batch;
-        yt.extend([k2, cols]);
-        let x = b.broadcast_to(x, &xt)?;
-        let y = b.broadcast_to(y, &yt)?;
-        b.op(Op::Dot, &[x, y])?
-    };
-    let mut shape = b.shape(out);
-    if y_vec {
-        shape.pop();
-    }
-    if x_vec {
-        let r = shape.len();
-        shape.remove(r - if y_vec { 1 } else { 2 });
-    }
-    b.reshape(out, shape)
+/// numpy `matmul` (`Builder::matmul`, shared with the PT2 frontend).
+fn matmul(b: &mut Builder, _n: &Node, x: ValueId, y: ValueId) -> Result<ValueId> {
+    b.matmul(x, y)
 }
 
 /// `alpha · A' · B' + beta · C` with optional transposes and a broadcast C.

@@ -2,14 +2,13 @@
 //! all lowered to the IR's one batched contraction `Dot`.
 
 use super::{operand, tensor, Handler};
-use crate::dim::{numel, Dim};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::frontend::builder::Builder;
-use crate::frontend::builder::{broadcast_shapes, Operand};
+use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, ValueId};
+use crate::ir::{BinaryOp, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -94,64 +93,7 @@ pub fn linear_layer(
     Ok(y)
 }
 
-/// torch.matmul semantics for any ranks, built from `Dot` with explicit broadcasting.
+/// torch.matmul semantics (`Builder::matmul`, shared with the ONNX frontend).
 pub fn matmul(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    if b.dtype(x) != b.dtype(y) {
-        return Err(Error::Compile(format!(
-            "matmul of {} and {} at node '{}' (torch requires equal dtypes)",
-            b.dtype(x),
-            b.dtype(y),
-            b.origin
-        )));
-    }
-    let (rx, ry) = (b.rank(x), b.rank(y));
-    if rx == 0 || ry == 0 {
-        return Err(Error::Shape(format!(
-            "matmul of a 0-d tensor at node '{}'",
-            b.origin
-        )));
-    }
-    // Vectors become matrices, and the added dim is dropped at the end.
-    let mut xs = b.shape(x);
-    let mut ys = b.shape(y);
-    let x_vec = rx == 1;
-    let y_vec = ry == 1;
-    if x_vec {
-        xs.insert(0, Dim::Const(1));
-    }
-    if y_vec {
-        ys.push(Dim::Const(1));
-    }
-    let x = b.reshape(x, xs.clone())?;
-    let y = b.reshape(y, ys.clone())?;
-    let (m, k) = (xs[xs.len() - 2].clone(), xs[xs.len() - 1].clone());
-    let nn = ys[ys.len() - 1].clone();
-    let out = if ys.len() == 2 {
-        // [..., M, K] @ [K, N]: fold the leading dims into M; the weight stays 2-D.
-        let lead = xs[..xs.len() - 2].to_vec();
-        let rows = numel(&[numel(&lead), m.clone()]);
-        let x2 = b.reshape(x, vec![rows, k])?;
-        let d = b.op(Op::Dot, &[x2, y])?;
-        let mut shape = lead;
-        shape.extend([m, nn.clone()]);
-        b.reshape(d, shape)?
-    } else {
-        let batch = broadcast_shapes(&xs[..xs.len() - 2], &ys[..ys.len() - 2])?;
-        let mut xt = batch.clone();
-        xt.extend([m.clone(), k.clone()]);
-        let mut yt = batch.clone();
-        yt.extend([ys[ys.len() - 2].clone(), nn.clone()]);
-        let x = b.broadcast_to(x, &xt)?;
-        let y = b.broadcast_to(y, &yt)?;
-        b.op(Op::Dot, &[x, y])?
-    };
-    let mut shape = b.shape(out);
-    if y_vec {
-        shape.pop();
-    }
-    if x_vec {
-        let r = shape.len();
-        shape.remove(r - if y_vec { 1 } else { 2 });
-    }
-    b.reshape(out, shape)
+    b.matmul(x, y)
 }
