@@ -12,7 +12,8 @@ import pytest
 import torch
 from ember.backend import programs_compiled
 
-BACKENDS = ["cpu", "reference"]
+# EMBER_TEST_BACKENDS=cuda-emu runs the op tests on the CUDA code generator (emulated).
+BACKENDS = os.environ.get("EMBER_TEST_BACKENDS", "cpu,reference").split(",")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-_BACKENDS = ("cpu", "reference")
+_BACKENDS = ("cpu", "reference", "cuda-emu")
 _FALLBACKS = ("eager", "error")
 _EXPORTS = ("pt2", "onnx")
 
@@ -17,8 +17,9 @@ _EXPORTS = ("pt2", "onnx")
 class Options:
     """Options of ``ember.compile`` / ``torch.compile(..., options=...)``.
 
-    backend: "cpu" (the fast CPU runtime) or "reference" (the slow reference interpreter,
-        for debugging numerics).
+    backend: "cpu" (the fast CPU runtime), "reference" (the slow reference interpreter,
+        for debugging numerics), or "cuda-emu" (the CUDA backend's generated kernels run on
+        the host: slow, for testing CUDA code generation on machines without a GPU).
     fallback: what to do with a graph Ember cannot compile: "eager" runs it with PyTorch and
         warns once naming the unsupported ops; "error" raises ``ember.UnsupportedOpError``.
     num_threads: worker threads of the CPU runtime (default: ``torch.get_num_threads()``).

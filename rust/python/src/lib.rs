@@ -187,8 +187,15 @@ fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
             guard(|| Ok(Box::new(ember_cpu::CpuBackend::new(num_threads)) as Box<dyn Backend>))
         }
         "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
+        #[cfg(feature = "cuda")]
+        "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
         other => Err(CompileError::new_err(format!(
-            "unknown backend '{other}'; available: cpu, reference"
+            "unknown backend '{other}'; available: cpu, reference{}",
+            if cfg!(feature = "cuda") {
+                ", cuda-emu"
+            } else {
+                ""
+            }
         ))),
     }
 }
@@ -376,8 +383,9 @@ fn compile(
         )));
     }
     let opts = SearchOptions {
-        // Searching the reference interpreter would only time the oracle against itself.
-        iterations: if backend == "reference" {
+        // Searching the reference interpreter would only time the oracle against itself, and
+        // the emulator's timings say nothing about a GPU.
+        iterations: if backend == "reference" || backend == "cuda-emu" {
             0
         } else {
             search_iterations
