@@ -12,8 +12,10 @@ import pytest
 import torch
 from ember.backend import programs_compiled
 
-# EMBER_TEST_BACKENDS=cuda-emu runs the op tests on the CUDA code generator (emulated).
-BACKENDS = os.environ.get("EMBER_TEST_BACKENDS", "cpu,reference").split(",")
+# Op tests run on every backend; "cuda-emu" is the CUDA backend's generated kernels run on
+# the host. EMBER_TEST_BACKENDS=cpu (say) narrows them to one.
+_DEFAULT_BACKENDS = "cpu,reference" + (",cuda-emu" if ember.cuda.cuda_built() else "")
+BACKENDS = os.environ.get("EMBER_TEST_BACKENDS", _DEFAULT_BACKENDS).split(",")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import torch
 import torch.utils._pytree as pytree
 
-from ember import _core
+from ember import _core, cuda
 from ember.errors import InputError
 from ember.options import Options
 from ember.report import SearchReport, record
@@ -109,6 +109,8 @@ class CompiledModel:
         out_spec: Any = None,
         example_shapes: list[list[int]] | None = None,
     ) -> None:
+        if options.device == "cuda":
+            cuda.require_cuda_runtime()
         self._program = program
         self._options = options
         self._backend = options.backend

@@ -30,3 +30,5 @@ impl Backend for EmulatedCudaBackend {
         Ok(Box::new(exec::Program::new(kp, device, weights)?))
     }
 }
+pub mod driver;
+pub mod nvrtc;

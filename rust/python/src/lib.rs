@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod onnx;
 
 use pyo3::create_exception;
@@ -72,7 +74,7 @@ fn to_py(e: Error) -> PyErr {
 }
 
 /// Runs `f`, turning an error into its Python exception and a panic into `EmberError`.
-fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(to_py),
         Err(panic) => {
@@ -98,7 +100,7 @@ type RawBuffer = (usize, String, Vec<usize>);
 /// A translated program, before it is compiled for a backend.
 #[pyclass(frozen, module = "ember._core")]
 struct Program {
-    inner: Arc<Pt2Program>,
+    pub(crate) inner: Arc<Pt2Program>,
 }
 
 #[pymethods]
@@ -455,6 +457,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
     m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add("cuda_built", cfg!(feature = "cuda"))?;
+    #[cfg(feature = "cuda")]
+    {
+        m.add_function(wrap_pyfunction!(cuda::cuda_codegen, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::nvrtc_compile, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::nvrtc_version, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::cuda_devices, m)?)?;
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
