@@ -14,6 +14,8 @@ import glob
 import os
 from typing import Any
 
+import torch
+
 from ember import _core
 
 # Loaded before the libraries that depend on them.
@@ -94,16 +96,18 @@ def cuda_available() -> bool:
     return bool(devices())
 
 
-def require_cuda_runtime() -> None:
-    """Raises the error a ``device="cuda"`` compile gets today."""
-    if not cuda_built():
-        raise RuntimeError("this build of Ember has no CUDA backend")
-    if not cuda_available():
-        raise RuntimeError(
-            'device="cuda" was requested, but no usable NVIDIA GPU and driver were found '
-            "(ember.cuda_available() is False)"
-        )
-    raise NotImplementedError(
-        "running on the GPU is not implemented yet: the CUDA code generator and NVRTC "
-        'compilation are, and backend="cuda-emu" runs the generated kernels on the host'
-    )
+def resolve_device(option: str, tensors: list[torch.Tensor]) -> str:
+    """The device a program runs on: the option, or for "auto" CUDA when any of the
+    example inputs or weights is a CUDA tensor. Raises clearly when CUDA cannot run."""
+    device = option
+    if option == "auto":
+        device = "cuda" if any(t.device.type == "cuda" for t in tensors) else "cpu"
+    if device == "cuda":
+        if not cuda_built():
+            raise RuntimeError("this build of Ember has no CUDA backend")
+        if not cuda_available():
+            raise RuntimeError(
+                'device="cuda" was requested, but no usable NVIDIA GPU and driver were found '
+                "(ember.cuda_available() is False)"
+            )
+    return device

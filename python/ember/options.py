@@ -20,8 +20,8 @@ class Options:
     backend: "cpu" (the fast CPU runtime), "reference" (the slow reference interpreter,
         for debugging numerics), or "cuda-emu" (the CUDA backend's generated kernels run on
         the host: slow, for testing CUDA code generation on machines without a GPU).
-    device: "cpu" or "cuda". "cuda" raises today (the GPU runtime is not built yet; see
-        ``ember.cuda``), with a clear message when no GPU is present.
+    device: "auto" (CUDA when the example inputs or the weights are CUDA tensors, else the
+        CPU), "cpu" or "cuda" (the CUDA backend on GPU 0; a clear error where there is none).
     fallback: what to do with a graph Ember cannot compile: "eager" runs it with PyTorch and
         warns once naming the unsupported ops; "error" raises ``ember.UnsupportedOpError``.
     num_threads: worker threads of the CPU runtime (default: ``torch.get_num_threads()``).
@@ -38,7 +38,7 @@ class Options:
     """
 
     backend: str = "cpu"
-    device: str = "cpu"
+    device: str = "auto"
     fallback: str = "eager"
     num_threads: int = 0
     export: str = "pt2"
@@ -53,8 +53,8 @@ class Options:
             raise ValueError(
                 f"ember option backend={self.backend!r}; valid: {', '.join(_BACKENDS)}"
             )
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"ember option device={self.device!r}; valid: cpu, cuda")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"ember option device={self.device!r}; valid: auto, cpu, cuda")
         if self.fallback not in _FALLBACKS:
             raise ValueError(
                 f"ember option fallback={self.fallback!r}; valid: {', '.join(_FALLBACKS)}"

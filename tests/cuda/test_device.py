@@ -27,6 +27,14 @@ def test_device_cuda_without_a_gpu_raises_clearly():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
-def test_device_cuda_on_a_gpu_says_the_runtime_is_not_built_yet():
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        ember.compile(torch.nn.Linear(4, 4), torch.randn(2, 4), device="cuda")
+def test_cuda_tensors_select_the_cuda_backend_and_stay_on_the_gpu():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    model = model.cuda().eval()
+    x = torch.randn(4, 16, device="cuda")
+    compiled = ember.compile(model, x)
+    got = compiled(x)
+    assert got.device.type == "cuda"
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ember.InputError, match="cuda:0"):
+        compiled(x.cpu())

@@ -4,6 +4,7 @@ by the emulator, match eager PyTorch."""
 
 from __future__ import annotations
 
+import ember
 import pytest
 import torch
 from conftest import check, rand
@@ -99,3 +100,13 @@ def test_nvrtc_reports_compile_errors_clearly():
 def test_models_match_eager_on_the_emulated_cuda_kernels(name):
     (model, args) = {n: (m, a) for n, m, a in _models()}[name]
     check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
+
+
+def test_out_of_range_index_on_the_generated_kernels_raises_naming_the_node():
+    emb = torch.nn.Embedding(10, 4).eval()
+    compiled = torch.compile(emb, backend="ember", options={"backend": "cuda-emu"})
+    ok = torch.tensor([[1, 9, 0]])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ok), emb(ok))
+        with pytest.raises(ember.EmberRuntimeError, match="index out of range in"):
+            compiled(torch.tensor([[1, 10, 2]]))

@@ -15,6 +15,8 @@ use crate::codegen::{Dest, KernelProgram, Launch, Mem, StepKind};
 
 /// Arena allocations are aligned for every dtype and for vectorized access.
 const ALIGN: usize = 256;
+/// Most blocks of a kernel with per-block scratch (attention keeps a row of scores each).
+const MAX_SCRATCH_BLOCKS: u32 = 1024;
 /// Signatures kept before the plan cache is cleared.
 const MAX_PLANS: usize = 64;
 
@@ -50,6 +52,8 @@ pub trait Device: Send + Sync {
     fn launch_limits(&self, cooperative: bool) -> (u32, u32);
     /// Waits for queued work.
     fn synchronize(&self) -> Result<()>;
+    /// The stream the next launches go to (a CUDA stream handle; ignored by the emulator).
+    fn set_stream(&self, _stream: u64) {}
 }
 
 struct Plan {
@@ -68,8 +72,28 @@ pub struct Program<D: Device> {
     /// Device copies of weights and constants, by node.
     weights: HashMap<usize, Box<dyn DeviceBuffer>>,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
-    /// Runs are serialized: they share the arena and the meta buffer.
-    run_lock: Mutex<()>,
+    /// Runs are serialized: they share the arena and the meta buffer, kept between runs.
+    run_state: Mutex<RunState>,
+}
+
+#[derive(Default)]
+struct RunState {
+    /// (capacity, buffer): grown when a plan needs more.
+    arena: Option<(usize, Box<dyn DeviceBuffer>)>,
+    meta: Option<(usize, Box<dyn DeviceBuffer>)>,
+}
+
+/// A buffer of at least `bytes` from `slot`, reallocated only to grow.
+fn reuse<D: Device>(
+    device: &D,
+    slot: &mut Option<(usize, Box<dyn DeviceBuffer>)>,
+    bytes: usize,
+) -> Result<u64> {
+    if slot.as_ref().is_none_or(|(cap, _)| *cap < bytes) {
+        *slot = None;
+        *slot = Some((bytes, device.alloc(bytes)?));
+    }
+    Ok(slot.as_ref().map(|(_, b)| b.addr()).unwrap_or(0))
 }
 
 fn bytes_of(shape: &[usize], dtype: ember_core::dtype::DType) -> usize {
@@ -118,7 +142,7 @@ impl<D: Device> Program<D> {
             device,
             weights: uploaded,
             plans: Mutex::new(HashMap::new()),
-            run_lock: Mutex::new(()),
+            run_state: Mutex::new(RunState::default()),
         })
     }
 
@@ -164,10 +188,12 @@ impl<D: Device> Program<D> {
             if let StepKind::Kernel {
                 scratch_per_block: Some(per_block),
                 launch,
+                kernel,
                 ..
             } = &step.kind
             {
-                let (_, blocks) = self.launch_config(launch, &resolved.env, true)?;
+                let coop = self.kp.kernels[*kernel].cooperative;
+                let (blocks, _) = self.launch_config(launch, &resolved.env, coop, true)?;
                 let per = per_block.eval(&resolved.env)?.max(0) as usize;
                 let acc = if step_dtype_is_f64(&self.kp, step.node) {
                     8
@@ -197,14 +223,19 @@ impl<D: Device> Program<D> {
         Ok(plan)
     }
 
-    /// (grid, block) of a launch; `None`-sized work gives a zero grid.
+    /// (grid, block) of a launch; empty work gives a zero grid. Kernels with per-block
+    /// scratch run on fewer blocks (grid-stride), which bounds the scratch they need.
     fn launch_config(
         &self,
         launch: &Launch,
         env: &SymbolBindings,
         cooperative: bool,
+        scratch: bool,
     ) -> Result<(u32, u32)> {
-        let (max_block, max_grid) = self.device.launch_limits(cooperative);
+        let (max_block, mut max_grid) = self.device.launch_limits(cooperative);
+        if scratch {
+            max_grid = max_grid.min(MAX_SCRATCH_BLOCKS);
+        }
         Ok(match launch {
             Launch::Elements(n) => {
                 let n = n.eval(env)?.max(0) as u64;
@@ -220,15 +251,26 @@ impl<D: Device> Program<D> {
         })
     }
 
-    /// Runs on device addresses: `inputs` contiguous, `outputs` sized by `output_shapes`.
+    /// Runs on device addresses: `inputs` contiguous, `outputs` sized by `output_shapes`,
+    /// launching on `stream`.
     pub fn run_on_device(
         &self,
         input_shapes: &[Vec<usize>],
         inputs: &[u64],
         outputs: &[u64],
+        stream: u64,
     ) -> Result<()> {
-        let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.run_state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = self.plan(input_shapes)?;
+        let (want_in, want_out) = (self.kp.graph.inputs.len(), self.kp.graph.outputs.len());
+        if inputs.len() != want_in || outputs.len() != want_out {
+            return Err(Error::Input(format!(
+                "expected {want_in} inputs and {want_out} outputs, got {} and {}",
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        self.device.set_stream(stream);
         let kp = &self.kp;
         let g = &kp.graph;
         let mut meta: Vec<i64> = vec![0];
@@ -236,10 +278,9 @@ impl<D: Device> Program<D> {
             meta.push(*plan.env.get(s).unwrap_or(&0));
         }
         let meta_bytes: Vec<u8> = meta.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let meta_buf = self.device.alloc(meta_bytes.len())?;
-        self.device.upload(meta_buf.addr(), &meta_bytes)?;
-        let arena = self.device.alloc(plan.arena_bytes.max(ALIGN))?;
-        let base = arena.addr();
+        let meta_addr = reuse(&self.device, &mut state.meta, meta_bytes.len())?;
+        self.device.upload(meta_addr, &meta_bytes)?;
+        let base = reuse(&self.device, &mut state.arena, plan.arena_bytes.max(ALIGN))?;
         let addr_of =
             |node: usize| -> Result<u64> {
                 match kp.mem[node] {
@@ -279,11 +320,12 @@ impl<D: Device> Program<D> {
                     ..
                 } => {
                     let coop = kp.kernels[*kernel].cooperative;
-                    let (grid, block) = self.launch_config(launch, &plan.env, coop)?;
+                    let scratch = plan.scratch.contains_key(&s);
+                    let (grid, block) = self.launch_config(launch, &plan.env, coop, scratch)?;
                     if grid == 0 {
                         continue;
                     }
-                    let mut params = vec![meta_buf.addr(), dest];
+                    let mut params = vec![meta_addr, dest];
                     for &a in args {
                         params.push(addr_of(a)?);
                     }
@@ -315,7 +357,7 @@ impl<D: Device> Program<D> {
             }
         }
         let mut flag = [0u8; 8];
-        self.device.download(meta_buf.addr(), &mut flag)?;
+        self.device.download(meta_addr, &mut flag)?;
         self.device.synchronize()?;
         let failed = i64::from_le_bytes(flag);
         if failed != 0 {
@@ -326,8 +368,6 @@ impl<D: Device> Program<D> {
                 node.origin
             )));
         }
-        drop(arena);
-        let _ = &plan.shapes;
         Ok(())
     }
 
@@ -380,6 +420,16 @@ impl<D: Device> Executable for Program<D> {
         Program::output_shapes(self, input_shapes)
     }
 
+    unsafe fn run_device(
+        &self,
+        input_shapes: &[Vec<usize>],
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        self.run_on_device(input_shapes, inputs, outputs, stream)
+    }
+
     unsafe fn run(&self, inputs: &[TensorView], outputs: &[TensorOut]) -> Result<()> {
         let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
         let out_shapes = Program::output_shapes(self, &shapes)?;
@@ -403,7 +453,7 @@ impl<D: Device> Executable for Program<D> {
             out_bufs.push(self.device.alloc(bytes_of(shape, o.dtype).max(1))?);
         }
         let out_addrs: Vec<u64> = out_bufs.iter().map(|b| b.addr()).collect();
-        self.run_on_device(&shapes, &in_addrs, &out_addrs)?;
+        self.run_on_device(&shapes, &in_addrs, &out_addrs, 0)?;
         for (o, buf) in outputs.iter().zip(&out_bufs) {
             let n = bytes_of(&o.shape, o.dtype);
             // SAFETY: the caller's output is valid for writes of its full size.

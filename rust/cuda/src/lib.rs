@@ -30,5 +30,36 @@ impl Backend for EmulatedCudaBackend {
         Ok(Box::new(exec::Program::new(kp, device, weights)?))
     }
 }
+pub mod device;
 pub mod driver;
 pub mod nvrtc;
+
+/// The CUDA backend (`"cuda"`): kernels compiled by NVRTC for GPU 0, cuBLASLt products.
+pub struct CudaBackend {
+    gpu: std::sync::Arc<device::Gpu>,
+}
+
+impl CudaBackend {
+    /// Opens GPU 0; fails clearly where there is no usable GPU, driver or library.
+    pub fn new() -> Result<CudaBackend> {
+        Ok(CudaBackend {
+            gpu: device::Gpu::get()?,
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_name(&self) -> String {
+        format!("cuda {} {}", self.gpu.name, self.gpu.arch)
+    }
+
+    fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
+        let kp = codegen::generate(graph)?;
+        let device = device::CudaDevice::new(self.gpu.clone(), &kp)?;
+        Ok(Box::new(exec::Program::new(kp, device, weights)?))
+    }
+}

@@ -191,6 +191,8 @@ fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
         "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
         #[cfg(feature = "cuda")]
         "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
+        #[cfg(feature = "cuda")]
+        "cuda" => guard(|| Ok(Box::new(ember_cuda::CudaBackend::new()?) as Box<dyn Backend>)),
         other => Err(CompileError::new_err(format!(
             "unknown backend '{other}'; available: cpu, reference{}",
             if cfg!(feature = "cuda") {
@@ -317,6 +319,36 @@ impl Executable {
             // SAFETY: the Python caller passes live buffers of the stated sizes (CompiledModel
             // allocates the outputs itself from `output_shapes`).
             guard(|| unsafe { self.inner.run(&views, &outs) })
+        })
+    }
+
+    /// Runs on device memory (torch CUDA tensors): inputs `(ptr, dtype, shape)` contiguous,
+    /// outputs `(ptr, dtype, shape)` of the shapes `output_shapes` gives, work queued on
+    /// `stream` (torch's current stream). The caller keeps every buffer alive for the call.
+    fn run_device(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(usize, String, Vec<usize>)>,
+        outputs: Vec<(usize, String, Vec<usize>)>,
+        stream: usize,
+    ) -> PyResult<()> {
+        let g: &Graph = &self.graph.graph;
+        for (k, (_, dt, _)) in inputs.iter().enumerate() {
+            let dt = dtype(dt)?;
+            let want = g.inputs.get(k).map(|&i| g.ty(i).dtype);
+            if want.is_some_and(|w| w != dt) {
+                return Err(InputError::new_err(format!(
+                    "input {k} should be {}, got {dt}",
+                    want.map(|w| w.to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|i| i.2.clone()).collect();
+        let ins: Vec<u64> = inputs.iter().map(|i| i.0 as u64).collect();
+        let outs: Vec<u64> = outputs.iter().map(|o| o.0 as u64).collect();
+        py.detach(|| {
+            // SAFETY: the Python caller passes live device tensors of the stated shapes.
+            guard(|| unsafe { self.inner.run_device(&shapes, &ins, &outs, stream as u64) })
         })
     }
 }
