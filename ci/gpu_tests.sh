@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check, for any Linux machine with an NVIDIA GPU (and torch's CUDA build installed):
-# installs Ember from a wheel built elsewhere (the first argument, or dist/ember-*.whl), or
-# builds one when there is none, runs every `cuda` test and the GPU benchmark, and prints a
-# short summary table last. Results also go to $OUT (or /tmp/ember-gpu).
+# installs Ember from a wheel built elsewhere (the first argument, or dist/ember-*.whl, made
+# by `maturin build --release -o dist`), or builds one when there is none; runs every `cuda`
+# test and the GPU benchmark; prints a short summary table last. Results also go to $OUT
+# (or /tmp/ember-gpu).
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]
 set -uo pipefail
