@@ -110,3 +110,17 @@ def test_out_of_range_index_on_the_generated_kernels_raises_naming_the_node():
         torch.testing.assert_close(compiled(ok), emb(ok))
         with pytest.raises(ember.EmberRuntimeError, match="index out of range in"):
             compiled(torch.tensor([[1, 10, 2]]))
+
+
+def test_kernels_at_the_gpus_launch_sizes(monkeypatch):
+    """The emulator normally launches few, narrow blocks; here it launches as the GPU does
+    (256 threads a block, a block per row), for the cooperative kernels."""
+    monkeypatch.setenv("EMBER_EMULATE_GPU_LAUNCHES", "1")
+
+    def fn(x, q, k, v):
+        a = torch.softmax(x, dim=-1) + torch.nn.functional.layer_norm(x, x.shape[-1:])
+        b = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a, x.sum(dim=0), x.argmax(dim=1), b
+
+    args = [rand(3, 300), rand(1, 2, 5, 8), rand(1, 2, 5, 8), rand(1, 2, 5, 8)]
+    check(fn, args, "cuda-emu", rtol=1e-4, atol=1e-4)

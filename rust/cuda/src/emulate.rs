@@ -182,6 +182,9 @@ type LaunchFn = unsafe extern "C" fn(u32, u32, *mut *mut std::ffi::c_void);
 pub struct EmulatedDevice {
     _module: Arc<HostModule>,
     launchers: Vec<LaunchFn>,
+    /// Launch like the GPU does (256 threads a block, as many blocks as the work has) when
+    /// `EMBER_EMULATE_GPU_LAUNCHES=1`: slower, but it checks the kernels at the GPU's sizes.
+    gpu_launches: bool,
 }
 
 impl EmulatedDevice {
@@ -198,6 +201,7 @@ impl EmulatedDevice {
         Ok(EmulatedDevice {
             _module: module,
             launchers,
+            gpu_launches: std::env::var("EMBER_EMULATE_GPU_LAUNCHES").is_ok_and(|v| v == "1"),
         })
     }
 }
@@ -274,6 +278,9 @@ impl Device for EmulatedDevice {
     }
 
     fn launch_limits(&self, cooperative: bool) -> (u32, u32) {
+        if self.gpu_launches {
+            return (256, 65535);
+        }
         // Few blocks, so the grid-stride loops are exercised and threads stay cheap.
         if cooperative {
             (32, 4)
