@@ -135,7 +135,10 @@ class CompiledModel:
         self._exe = _with_progress(
             lambda: _core.compile(program, self._backend, bound, self._num_threads, **search),
             options.time_budget_s,
-            options.quiet or options.search_iterations == 0,
+            # The reference interpreter and the emulator are never searched.
+            options.quiet
+            or options.search_iterations == 0
+            or self._backend in ("reference", "cuda-emu"),
         )
         self._report = SearchReport.from_core(self._exe.report())
         record(self._report)

@@ -60,8 +60,6 @@ def test_unknown_op_names_op_and_node() -> None:
         ("MaxUnpool", ["x", "i"], {"kernel_shape": [2]}),
         ("GridSample", ["x", "g"], {}),
         ("TopK", ["x", "k"], {}),
-        ("ScatterND", ["x", "i", "u"], {}),
-        ("ScatterElements", ["x", "i", "u"], {}),
     ],
 )
 def test_ops_needing_new_ir_ops_are_unsupported(op, inputs, attrs) -> None:

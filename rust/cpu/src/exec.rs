@@ -334,6 +334,7 @@ fn eval(
         Op::Concat { axis } => mv::concat(&args, *axis, shape),
         Op::Gather { axis } => index::gather(arg(0)?, arg(1)?, *axis),
         Op::IndexSelect { axis } => index::index_select(arg(0)?, arg(1)?, *axis, shape),
+        Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),
         Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
         Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
         Op::LayerNorm {

@@ -203,7 +203,12 @@ impl<D: Device> Program<D> {
                 let size = round_up((blocks as usize * per * acc).max(1));
                 scratch.insert(s, place(size, s, s, &mut live));
             }
-            if let Dest::Node(n) = step.dest {
+            // A node written by several steps (scatter: copy, then updates) is placed once.
+            let unplaced = match step.dest {
+                Dest::Node(n) if !offsets.contains_key(&n) => Some(n),
+                _ => None,
+            };
+            if let Some(n) = unplaced {
                 let size = round_up(bytes_of(&resolved.shapes[n], g.nodes[n].ty.dtype).max(1));
                 let dies = last_read.get(&n).copied().unwrap_or(s).max(s);
                 offsets.insert(n, place(size, dies, s, &mut live));

@@ -218,6 +218,9 @@ fn eval_node<'a>(
         Op::Concat { axis } => movement::concat(args, *axis)?,
         Op::Gather { axis } => movement::gather(x()?, *axis, one(args, 1)?)?,
         Op::IndexSelect { axis } => movement::index_select(x()?, *axis, one(args, 1)?)?,
+        Op::Scatter { axis, reduce } => {
+            movement::scatter(x()?, *axis, one(args, 1)?, one(args, 2)?, *reduce)?
+        }
         Op::Cumsum { axis } => reduce::cumsum(*axis, x()?)?,
         Op::Softmax { axis, log } => reduce::softmax(*axis, *log, x()?)?,
         Op::LayerNorm {

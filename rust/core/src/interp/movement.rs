@@ -4,6 +4,7 @@
 use super::value::{checked_numel, map_indices, offset, strides, Data, Value};
 use super::R;
 use crate::dtype::Scalar;
+use crate::ir::ScatterReduce;
 
 /// The output of picking `src`'s elements at `idx` (flat, in range).
 fn picked(x: &Value, shape: Vec<usize>, idx: &[usize]) -> Value {
@@ -199,17 +200,18 @@ fn indices(index: &Value) -> R<&[i64]> {
     }
 }
 
-pub(crate) fn gather(x: &Value, axis: usize, index: &Value) -> R<Value> {
+/// The offsets in `x` that `index` addresses on `axis` (gather reads them, scatter writes).
+fn axis_offsets(x: &Value, axis: usize, index: &Value, what: &str) -> R<Vec<usize>> {
     let idx_vals = indices(index)?;
     if index.shape.len() != x.shape.len() || axis >= x.shape.len() {
         return Err(format!(
-            "gather of {:?} on axis {axis} with an index of shape {:?}",
+            "{what} of {:?} on axis {axis} with an index of shape {:?}",
             x.shape, index.shape
         ));
     }
     let st = strides(&x.shape);
     let mut k = 0;
-    let idx = map_indices(&index.shape, |o| {
+    map_indices(&index.shape, |o| {
         let mut off = 0;
         for (d, &i) in o.iter().enumerate() {
             let i = if d == axis {
@@ -226,8 +228,70 @@ pub(crate) fn gather(x: &Value, axis: usize, index: &Value) -> R<Value> {
         }
         k += 1;
         Ok(off)
-    })?;
+    })
+}
+
+pub(crate) fn gather(x: &Value, axis: usize, index: &Value) -> R<Value> {
+    let idx = axis_offsets(x, axis, index, "gather")?;
     Ok(picked(x, index.shape.clone(), &idx))
+}
+
+/// Updates applied in order: without a reduction the last one wins.
+pub(crate) fn scatter(
+    x: &Value,
+    axis: usize,
+    index: &Value,
+    updates: &Value,
+    reduce: ScatterReduce,
+) -> R<Value> {
+    let at = axis_offsets(x, axis, index, "scatter")?;
+    if updates.shape != index.shape || updates.dtype != x.dtype {
+        return Err(format!(
+            "scatter updates {} {:?} do not match the index {:?}",
+            updates.dtype, updates.shape, index.shape
+        ));
+    }
+    fn apply<T: Copy + PartialOrd>(
+        out: &mut [T],
+        at: &[usize],
+        upd: &[T],
+        reduce: ScatterReduce,
+        add: fn(T, T) -> T,
+        mul: fn(T, T) -> T,
+    ) {
+        for (&o, &u) in at.iter().zip(upd) {
+            let cur = out[o];
+            out[o] = match reduce {
+                ScatterReduce::None => u,
+                ScatterReduce::Add => add(cur, u),
+                ScatterReduce::Mul => mul(cur, u),
+                ScatterReduce::Max if u > cur => u,
+                ScatterReduce::Min if u < cur => u,
+                _ => cur,
+            };
+        }
+    }
+    let data = match (&x.data, &updates.data) {
+        (Data::F(v), Data::F(u)) => {
+            let mut out = v.clone();
+            apply(&mut out, &at, u, reduce, |a, b| a + b, |a, b| a * b);
+            Data::F(out)
+        }
+        (Data::I(v), Data::I(u)) => {
+            let mut out = v.clone();
+            apply(
+                &mut out,
+                &at,
+                u,
+                reduce,
+                i64::wrapping_add,
+                i64::wrapping_mul,
+            );
+            Data::I(out)
+        }
+        _ => return Err("scatter updates hold data of another kind".into()),
+    };
+    Ok(Value::from_data(x.dtype, x.shape.clone(), data))
 }
 
 pub(crate) fn index_select(x: &Value, axis: usize, index: &Value) -> R<Value> {

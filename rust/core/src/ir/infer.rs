@@ -343,6 +343,29 @@ pub fn infer_type(
             }
             TensorType::new(x.dtype, idx.shape.clone())
         }
+        Op::Scatter { axis, .. } => {
+            arity(op, inputs, 3)?;
+            let (x, idx, upd) = (inputs[0], inputs[1], inputs[2]);
+            check_axis(*axis, x.rank(), op)?;
+            if idx.rank() != x.rank() || !idx.dtype.is_int() {
+                return shape_err(format!(
+                    "scatter index must be an integer tensor of rank {}, got {} {}",
+                    x.rank(),
+                    idx.dtype,
+                    format_shape(&idx.shape)
+                ));
+            }
+            if upd.dtype != x.dtype || upd.shape != idx.shape {
+                return shape_err(format!(
+                    "scatter updates must be {} {} (the index's shape), got {} {}",
+                    x.dtype,
+                    format_shape(&idx.shape),
+                    upd.dtype,
+                    format_shape(&upd.shape)
+                ));
+            }
+            TensorType::new(x.dtype, x.shape.clone())
+        }
         Op::IndexSelect { axis } => {
             arity(op, inputs, 2)?;
             let (x, idx) = (inputs[0], inputs[1]);

@@ -242,6 +242,17 @@ impl ReduceOp {
     }
 }
 
+/// How `Scatter` combines an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScatterReduce {
+    /// The update replaces the element.
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
 /// Which window reduction a `Pool` node computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PoolKind {
@@ -345,6 +356,14 @@ pub enum Op {
     IndexSelect {
         axis: usize,
     },
+    /// `torch.scatter` / ONNX ScatterElements: inputs x, index (x's rank, integer), updates
+    /// (index's shape, x's dtype); out = x with out[.., index[i], ..] (on `axis`) = updates[i]
+    /// (or combined with it by `reduce`). Several updates of one element: any one wins
+    /// without a reduction (as in torch and ONNX), all combine with one.
+    Scatter {
+        axis: usize,
+        reduce: ScatterReduce,
+    },
     /// Inclusive prefix sum along `axis`.
     Cumsum {
         axis: usize,
@@ -428,6 +447,7 @@ impl Op {
             Op::Concat { .. } => "concat".into(),
             Op::Gather { .. } => "gather".into(),
             Op::IndexSelect { .. } => "index_select".into(),
+            Op::Scatter { .. } => "scatter".into(),
             Op::Cumsum { .. } => "cumsum".into(),
             Op::Softmax { log: false, .. } => "softmax".into(),
             Op::Softmax { log: true, .. } => "log_softmax".into(),

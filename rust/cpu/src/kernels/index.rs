@@ -110,3 +110,64 @@ pub fn index_select(x: &Val, idx: &Val, axis: usize, out_shape: &[usize]) -> KRe
         })
     })
 }
+
+/// `Scatter`: a copy of `x` with `updates` written (or combined) where `idx` points on
+/// `axis`, in row-major order of the index (so without a reduction the last update wins).
+pub fn scatter(
+    x: &Val,
+    idx: &Val,
+    upd: &Val,
+    axis: usize,
+    reduce: ember_core::ir::ScatterReduce,
+) -> KResult<Val> {
+    use ember_core::ir::ScatterReduce as R;
+    let (xs, is) = (x.shape().to_vec(), idx.shape().to_vec());
+    if xs.len() != is.len() || axis >= xs.len() || upd.shape() != is.as_slice() {
+        return Err(CpuError::Shape(format!(
+            "scatter into {xs:?} with index {is:?} and updates {:?}",
+            upd.shape()
+        )));
+    }
+    if (0..xs.len()).any(|d| d != axis && is[d] > xs[d]) {
+        return Err(CpuError::Shape(format!(
+            "scatter index {is:?} is larger than the input {xs:?} outside axis {axis}"
+        )));
+    }
+    let ids = indices(idx, xs[axis])?;
+    let st = contiguous_strides(&xs);
+    let n: usize = is.iter().product();
+    crate::with_dtype!(x.dtype, T => {
+        let base: Vec<T> = x.to_vec::<T>()?;
+        let updates: Vec<T> = upd.to_vec::<T>()?;
+        Val::build::<T>(x.dtype, &xs, |out| {
+            out.copy_from_slice(&base);
+            let mut at = vec![0usize; is.len()];
+            for k in 0..n {
+                let off: usize = (0..is.len())
+                    .map(|d| if d == axis { ids[k] as usize } else { at[d] } * st[d])
+                    .sum();
+                let (cur, u) = (out[off], updates[k]);
+                out[off] = match reduce {
+                    R::None => u,
+                    R::Max if u > cur => u,
+                    R::Min if u < cur => u,
+                    R::Max | R::Min => cur,
+                    R::Add | R::Mul if T::IS_FLOAT => {
+                        let (a, b) = (cur.to_f64(), u.to_f64());
+                        T::from_f64(if reduce == R::Add { a + b } else { a * b })
+                    }
+                    R::Add => T::from_i64(cur.to_i64().wrapping_add(u.to_i64())),
+                    R::Mul => T::from_i64(cur.to_i64().wrapping_mul(u.to_i64())),
+                };
+                for d in (0..is.len()).rev() {
+                    at[d] += 1;
+                    if at[d] < is[d] {
+                        break;
+                    }
+                    at[d] = 0;
+                }
+            }
+            Ok(())
+        })
+    })
+}

@@ -149,6 +149,7 @@ fn is_heavy(op: &Op) -> bool {
             | Op::Attention { .. }
             | Op::Conv { .. }
             | Op::Pool { .. }
+            | Op::Scatter { .. }
     )
 }
 
@@ -339,6 +340,16 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             continue;
         }
         let dest = dest_of(id, &mut written_outputs);
+        if let Op::Scatter { .. } = n.op {
+            for kind in gen.scatter_steps(id)? {
+                steps.push(Step {
+                    node: id,
+                    dest,
+                    kind,
+                });
+            }
+            continue;
+        }
         let kind = if let Some(&[(a, ta), (b, tb)]) = gemm_operands.get(&id) {
             let (ash, bsh) = (
                 &g.nodes[n.inputs[0]].ty.shape,

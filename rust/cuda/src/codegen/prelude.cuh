@@ -183,6 +183,37 @@ struct EmberFMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) con
 struct EmberIMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imax(a, b); } };
 struct EmberIMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imin(a, b); } };
 
+// Scatter reductions: atomic on the GPU (CAS loops where CUDA has no atomic op); the
+// emulator runs scatter threads one at a time, so a plain update is atomic there.
+template <typename T, typename F>
+EMBER_DEV void ember_atomic_update(T* p, T v, F f) {
+#ifndef EMBER_HOST
+    if (sizeof(T) == 4) {
+        unsigned int* q = (unsigned int*)p;
+        unsigned int old = *q, assumed;
+        do {
+            assumed = old;
+            union { unsigned int u; T t; } a, b;
+            a.u = assumed;
+            b.t = f(a.t, v);
+            old = atomicCAS(q, assumed, b.u);
+        } while (assumed != old);
+    } else {
+        ember_u64* q = (ember_u64*)p;
+        ember_u64 old = *q, assumed;
+        do {
+            assumed = old;
+            union { ember_u64 u; T t; } a, b;
+            a.u = assumed;
+            b.t = f(a.t, v);
+            old = atomicCAS(q, assumed, b.u);
+        } while (assumed != old);
+    }
+#else
+    *p = f(*p, v);
+#endif
+}
+
 // Compensated (Kahan) accumulation for float sums over long rows.
 template <typename T> struct EmberKahan {
     T sum, c;

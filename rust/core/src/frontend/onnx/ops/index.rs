@@ -10,13 +10,15 @@ use crate::frontend::builder::Operand;
 use crate::frontend::onnx::known::Known;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, ValueId};
+use crate::ir::{BinaryOp, Op, ScatterReduce, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
         "Gather" => gather,
         "GatherElements" => gather_elements,
         "GatherND" => gather_nd,
+        "ScatterElements" => scatter_elements,
+        "ScatterND" => scatter_nd,
         "OneHot" => one_hot,
         "CumSum" => cumsum,
         _ => return None,
@@ -101,14 +103,13 @@ fn out_of_range(ctx: &mut Ctx, i: ValueId, size: &Dim) -> Result<ValueId> {
 
 /// GatherND (batch_dims = 0): the last index axis addresses the leading `k` data dims;
 /// they are linearized into one index into the data reshaped to `[d0·…·dk-1, rest…]`.
-fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    if n.int("batch_dims", 0)? != 0 {
-        return Err(n.unsupported("batch_dims > 0"));
-    }
-    let x = ctx.input(n, 0)?;
-    let idx = ctx.input(n, 1)?;
+/// `[.., k]` index tuples into the first `k` dims of `xs` as row numbers of `xs` viewed as
+/// `[Π xs[..k], xs[k..]..]`, shaped like the tuples' leading dims; returns (rows, the view's
+/// row count). Negative components count from the end; a tuple with a component out of
+/// range gets the row past the end, which the indexing op then rejects (an out-of-range
+/// component could otherwise still give an in-range row: a silently wrong answer).
+fn flat_rows(ctx: &mut Ctx, n: &Node, idx: ValueId, xs: &[Dim]) -> Result<(ValueId, Dim, usize)> {
     check_index(ctx, n, idx)?;
-    let xs = ctx.b.shape(x);
     let is = ctx.b.shape(idx);
     let Some(k) = is.last().and_then(Dim::as_const) else {
         return Err(n.err("indices need a constant last dim"));
@@ -123,8 +124,6 @@ fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let idx = ctx.b.cast(idx, DType::I64)?;
     let lead = is[..is.len() - 1].to_vec();
     let mut flat: Option<ValueId> = None;
-    // An out-of-range component could still give an in-range linear index (a silently
-    // wrong row); such tuples get an index past the end, which the gather rejects.
     let mut invalid: Option<ValueId> = None;
     for j in 0..k {
         let col = ctx.b.slice(
@@ -160,16 +159,74 @@ fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         });
     }
     let rows = numel(&xs[..k]);
-    let mut data_shape = vec![rows.clone()];
-    data_shape.extend(xs[k..].iter().cloned());
-    let data = ctx.b.reshape(x, data_shape)?;
     let past_end = ctx.b.dim_value(&rows, DType::I64)?;
     let flat = ctx.b.where_(
         invalid.expect("k ≥ 1"),
         Operand::Tensor(past_end),
         Operand::Tensor(flat.expect("k ≥ 1")),
     )?;
+    Ok((flat, rows, k))
+}
+
+fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    if n.int("batch_dims", 0)? != 0 {
+        return Err(n.unsupported("batch_dims > 0"));
+    }
+    let x = ctx.input(n, 0)?;
+    let idx = ctx.input(n, 1)?;
+    let xs = ctx.b.shape(x);
+    let (flat, rows, k) = flat_rows(ctx, n, idx, &xs)?;
+    let mut data_shape = vec![rows];
+    data_shape.extend(xs[k..].iter().cloned());
+    let data = ctx.b.reshape(x, data_shape)?;
     one(ctx.b.op(Op::IndexSelect { axis: 0 }, &[data, flat])?)
+}
+
+fn reduction(n: &Node) -> Result<ScatterReduce> {
+    Ok(match n.string("reduction", "none")?.as_str() {
+        "none" => ScatterReduce::None,
+        "add" => ScatterReduce::Add,
+        "mul" => ScatterReduce::Mul,
+        "max" => ScatterReduce::Max,
+        "min" => ScatterReduce::Min,
+        other => return Err(n.err(format!("unknown reduction '{other}'"))),
+    })
+}
+
+fn scatter_elements(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = ctx.input(n, 0)?;
+    let idx = ctx.input(n, 1)?;
+    let upd = ctx.input(n, 2)?;
+    check_index(ctx, n, idx)?;
+    let a = axis(ctx, n.int("axis", 0)?, ctx.b.rank(x))?;
+    let reduce = reduction(n)?;
+    one(ctx.b.op(Op::Scatter { axis: a, reduce }, &[x, idx, upd])?)
+}
+
+/// Rows of `data` viewed as `[Π data[..k], data[k..]..]` replaced (or combined) by rows of
+/// `updates`: a `Scatter` on axis 0 of that view with each row number spread over its row.
+fn scatter_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = ctx.input(n, 0)?;
+    let idx = ctx.input(n, 1)?;
+    let upd = ctx.input(n, 2)?;
+    let reduce = reduction(n)?;
+    let xs = ctx.b.shape(x);
+    let (flat, rows, k) = flat_rows(ctx, n, idx, &xs)?;
+    let row = numel(&xs[k..]);
+    let count = numel(&ctx.b.shape(flat));
+    let data = ctx.b.reshape(x, vec![rows, row.clone()])?;
+    let updates = ctx.b.reshape(upd, vec![count.clone(), row.clone()])?;
+    let flat = ctx.b.reshape(flat, vec![count.clone(), Dim::Const(1)])?;
+    let flat = ctx.b.op(
+        Op::Expand {
+            shape: vec![count, row],
+        },
+        &[flat],
+    )?;
+    let out = ctx
+        .b
+        .op(Op::Scatter { axis: 0, reduce }, &[data, flat, updates])?;
+    one(ctx.b.reshape(out, xs)?)
 }
 
 /// OneHot: `indices == iota(depth)` placed at `axis`, selecting on/off values.

@@ -8,13 +8,17 @@ use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, TensorType};
+use crate::ir::{BinaryOp, Op, ScatterReduce, TensorType};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
         ("embedding", "default") => embedding,
         ("index_select", "default") => index_select,
         ("gather", "default") => gather,
+        ("scatter", "src") => |c, n| scatter(c, n, ScatterReduce::None),
+        ("scatter", "value") => |c, n| scatter(c, n, ScatterReduce::None),
+        ("scatter_add", "default") => |c, n| scatter(c, n, ScatterReduce::Add),
+        ("scatter_reduce", "two") => scatter_reduce,
         ("index", "Tensor") => index,
         ("tril", "default") => |c, n| triangle(c, n, true),
         ("triu", "default") => |c, n| triangle(c, n, false),
@@ -47,6 +51,64 @@ fn gather(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let a = axis(ctx, x, n.int("dim", 1)?)?;
     let idx = tensor(ctx, n, "index", 2)?;
     Ok(Out::Value(ctx.b.op(Op::Gather { axis: a }, &[x, idx])?))
+}
+
+/// `scatter`/`scatter_add`: `src` may be larger than the index (only its index-shaped
+/// corner is read) or a scalar `value`.
+fn scatter(ctx: &mut Ctx, n: &NodeArgs, reduce: ScatterReduce) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let a = axis(ctx, x, n.int("dim", 1)?)?;
+    let idx = tensor(ctx, n, "index", 2)?;
+    let ishape = ctx.b.shape(idx);
+    let dtype = ctx.b.dtype(x);
+    let upd = match n.scalar("value", 3)? {
+        Some(v) if n.raw("src", 3).is_none() => ctx.b.full(v, dtype, ishape.clone())?,
+        _ => {
+            let mut src = tensor(ctx, n, "src", 3)?;
+            let sshape = ctx.b.shape(src);
+            if sshape.len() != ishape.len() {
+                return Err(Error::Shape(format!(
+                    "node '{}': scatter src of rank {} for an index of rank {}",
+                    n.name,
+                    sshape.len(),
+                    ishape.len()
+                )));
+            }
+            for (d, (s, i)) in sshape.iter().zip(&ishape).enumerate() {
+                if s != i {
+                    src = ctx.b.slice(src, d, Dim::Const(0), i.clone(), 1)?;
+                }
+            }
+            ctx.b.cast(src, dtype)?
+        }
+    };
+    Ok(Out::Value(
+        ctx.b.op(Op::Scatter { axis: a, reduce }, &[x, idx, upd])?,
+    ))
+}
+
+fn scatter_reduce(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let reduce = match n.string("reduce", 4)? {
+        Some("sum") => ScatterReduce::Add,
+        Some("prod") => ScatterReduce::Mul,
+        Some("amax") => ScatterReduce::Max,
+        Some("amin") => ScatterReduce::Min,
+        other => {
+            return Err(Error::unsupported_because(
+                "scatter_reduce",
+                &n.name,
+                format!("reduce={other:?}"),
+            ))
+        }
+    };
+    if !n.bool("include_self", 5, true)? {
+        return Err(Error::unsupported_because(
+            "scatter_reduce",
+            &n.name,
+            "include_self=False",
+        ));
+    }
+    scatter(ctx, n, reduce)
 }
 
 /// `x[..., idx, ...]` with exactly one integer index tensor (and `None`s before it).
