@@ -25,6 +25,7 @@ from ember.export import (
     export_program,
     live_weights,
     save_bytes,
+    tie_size_inputs,
 )
 from ember.options import Options
 
@@ -56,15 +57,21 @@ class _DynamoGraph:
     def __init__(self, gm: torch.fx.GraphModule, options: Options) -> None:
         self.gm = gm
         self.options = options
+        # What is exported: the graph with size inputs read from tensor shapes instead, and
+        # the positions of the call arguments that graph still takes.
+        self.export_gm, self.kept = tie_size_inputs(gm)
         # A program with symbolic dims serves every size Dynamo made dynamic; the per-
         # signature programs cover what it cannot (sizes outside its range, static graphs).
         self.dynamic: Callable[..., Any] | None = None
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
+    def _kept(self, args: Sequence[Any]) -> list[Any]:
+        return [args[i] for i in self.kept]
+
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         if self.options.export == "onnx":
             return self._build_onnx(args, dynamic_shapes)
-        ep = export_program(self.gm, args, dynamic_shapes=dynamic_shapes)
+        ep = export_program(self.export_gm, self._kept(args), dynamic_shapes=dynamic_shapes)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         model = CompiledModel(
@@ -84,7 +91,7 @@ class _DynamoGraph:
         outputs are flat; they are put back into the structure the graph returns."""
         from ember.onnx import compile_with
 
-        data = export_onnx_bytes(self.gm, args, dynamic_shapes)
+        data = export_onnx_bytes(self.export_gm, self._kept(args), dynamic_shapes)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         runner = compile_with(data, self.options, shapes)
         global _programs_compiled
@@ -100,7 +107,9 @@ class _DynamoGraph:
         return run
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        spec = None if self.dynamic is not None else dynamo_dynamic_shapes(self.gm, args)
+        spec = None
+        if self.dynamic is None:
+            spec = dynamo_dynamic_shapes(self.export_gm, self._kept(args))
         if spec is not None:
             try:
                 self.dynamic = self._build(args, spec)
