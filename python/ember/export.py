@@ -121,46 +121,6 @@ def dynamo_dynamic_shapes(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tupl
     return tuple(spec) if any(s is not None for s in spec) else None
 
 
-def tie_size_inputs(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[int]]:
-    """Dynamo lifts each symbolic size into its own int input (``s0``) next to the tensors
-    whose shapes hold it. Exported as an input of its own, that int becomes a symbol of its
-    own, tied to nothing; the program would then depend on a value no tensor shape carries.
-    This rewrites every int input that equals some tensor input's dim into
-    ``aten.sym_size.int(tensor, dim)`` on a copy of the graph (parameters shared, the original
-    left as it is for eager fallback), so the size stays one symbol, read from the tensor.
-
-    Returns the graph to export and the positions of the original arguments it takes."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    dims: dict[Any, tuple[torch.fx.Node, int]] = {}
-    for node in placeholders:
-        example = node.meta.get("example_value")
-        if isinstance(example, torch.Tensor):
-            for i, size in enumerate(example.shape):
-                if isinstance(size, torch.SymInt):
-                    dims.setdefault(size.node.expr, (node, i))
-    tied = {}
-    for node in placeholders:
-        example = node.meta.get("example_value")
-        if isinstance(example, torch.SymInt) and example.node.expr in dims:
-            tied[node] = dims[example.node.expr]
-    keep = [i for i, n in enumerate(placeholders) if n not in tied]
-    if not tied:
-        return gm, keep
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in placeholders:
-        if node not in tied:
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    for node, (tensor, dim) in tied.items():
-        size = graph.call_function(_aten.sym_size.int, (env[tensor], dim))
-        size.meta = dict(node.meta)
-        env[node] = size
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    return torch.fx.GraphModule(gm, graph), keep
-
-
 def save_bytes(ep: ExportedProgram) -> bytes:
     buf = io.BytesIO()
     torch.export.save(ep, buf)

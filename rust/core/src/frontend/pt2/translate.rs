@@ -286,10 +286,15 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
                 .as_object()
                 .and_then(|o| o.keys().next().cloned())
                 .unwrap_or_default();
+            let why = if kind == "user_output" {
+                "outputs must be tensors (this one is a constant)"
+            } else {
+                "programs that update their inputs or buffers in place are not supported yet"
+            };
             return Err(Error::unsupported_because(
                 kind.clone(),
                 spec_name(spec, &kind).unwrap_or_default(),
-                "programs that update their inputs or buffers in place are not supported yet",
+                why,
             ));
         }
     }
