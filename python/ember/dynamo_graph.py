@@ -9,6 +9,7 @@ their shapes) cannot tell the value of, so every new size would compile a new pr
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -99,7 +100,9 @@ def split(gm: torch.fx.GraphModule) -> DynamoGraph:
     for node in placeholders:
         env[node] = graph.node_copy(node, lambda n: env[n])
     for node in gm.graph.nodes:
-        if node.op not in ("placeholder", "output"):
+        if node.op == "call_function" and node.target is torch.sym_sum:
+            env[node] = _sum_as_adds(graph, node, env)
+        elif node.op not in ("placeholder", "output"):
             env[node] = graph.node_copy(node, lambda n: env[n])
     outputs: list[tuple[str, Any]] = []
     results: list[torch.fx.Node] = []
@@ -147,6 +150,21 @@ def split(gm: torch.fx.GraphModule) -> DynamoGraph:
         kept.append(i)
     graph.lint()
     return DynamoGraph(torch.fx.GraphModule(gm, graph), kept, sizes, outputs, out_spec)
+
+
+def _sum_as_adds(
+    graph: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]
+) -> torch.fx.Node:
+    """``torch.sym_sum([a, b, c])`` (which torch.export cannot serialize) as ``a + b + c``."""
+    terms = [env[t] if isinstance(t, torch.fx.Node) else t for t in node.args[0]] or [0]
+    total: Any = terms[0]
+    for term in terms[1:]:
+        total = graph.call_function(operator.add, (total, term))
+        total.meta = dict(node.meta)
+    if not isinstance(total, torch.fx.Node):  # all constants
+        total = graph.call_function(operator.add, (total, 0))
+        total.meta = dict(node.meta)
+    return total
 
 
 def _first_non_placeholder(graph: torch.fx.Graph) -> torch.fx.Node:

@@ -36,3 +36,34 @@ def test_decode_loop_with_growing_kv_cache_does_not_recompile_per_token():
     # Dynamo passes the cache length as an int input of its own; Ember reads it from the
     # cache's shape instead, so one static program (first size) and one symbolic program.
     assert programs_compiled() - before <= 2
+
+
+class _Cache:
+    """A cache object as transformers keeps them: tensors plus a Python int length."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+        self.length = keys.shape[1]
+
+
+def _append(x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+    cache.keys = torch.cat([cache.keys, x], dim=1)
+    cache.length += x.shape[1]
+    return (cache.keys * 0.5).softmax(1) * cache.keys.shape[1]
+
+
+def test_graph_returning_a_size_keeps_one_program_as_the_size_grows():
+    """Dynamo returns the cache's new length (an int computed from int inputs) next to the
+    tensors; Ember computes it in Python and compiles one symbolic program."""
+    compiled = torch.compile(_append, backend="ember", options={"fallback": "error"})
+    ours, theirs = _Cache(rand(2, 3, 4)), _Cache(rand(2, 3, 4))
+    theirs.keys = ours.keys.clone()
+    before = programs_compiled()
+    with torch.no_grad():
+        for _ in range(8):
+            x = rand(2, 1, 4)
+            torch.testing.assert_close(compiled(x, ours), _append(x, theirs))
+            assert ours.length == theirs.length
+            assert isinstance(ours.length, int)
+    assert ours.length == 3 + 8
+    assert programs_compiled() - before <= 2

@@ -1,8 +1,11 @@
 """embedding/index_select/gather/advanced indexing, tril/triu, and tensor creation."""
 
+import ember
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import check, rand
+from ember.backend import programs_compiled
 
 
 def test_embedding(backend):
@@ -52,3 +55,76 @@ def test_causal_mask_construction(backend):
         return x.masked_fill(~mask, float("-inf")).softmax(-1)
 
     check(fn, [rand(2, 6, 6)], backend)
+
+
+def test_index_with_several_index_tensors(backend):
+    """Broadcast index tensors, adjacent (result dims in place) and not (result dims first),
+    negative indices, and the attention-mask pattern `mask[batch[:, None], positions]`."""
+    i = torch.tensor([[0], [2], [-1]])
+    j = torch.tensor([3, 0, -2, 1])
+    check(
+        lambda x, i, j: (x[i, j], x[:, i, j], x[i, :, j], x[-1, j], x[i, j, 1]),
+        [rand(4, 5, 6), i, j],
+        backend,
+    )
+    mask = torch.rand(3, 7) > 0.3
+    batch, pos = torch.arange(3), torch.arange(7)
+    check(
+        lambda m, b, p: m[b[:, None, None, None], p[None, None, None, :]],
+        [mask, batch, pos],
+        backend,
+    )
+
+
+def test_index_with_several_index_tensors_out_of_range_raises(backend):
+    """An index past its own dim is an error, even where the flattened position exists."""
+    fn = torch.compile(
+        lambda x, i, j: x[i, j], backend="ember", options={"backend": backend, "fallback": "error"}
+    )
+    x = rand(4, 5)
+    with pytest.raises(ember.EmberError):
+        fn(x, torch.tensor([1]), torch.tensor([5]))
+
+
+def test_arange_with_symbolic_bounds(backend):
+    """arange over sizes (positions of new tokens after a cache): one program for all sizes.
+    (Each result uses the tensor: a graph with no tensor input carries its sizes as ints
+    alone, and Ember, whose programs read sizes from tensor shapes, specializes it.)"""
+
+    def fn(x):
+        n = x.shape[0]
+        return (
+            torch.arange(n) + x,
+            torch.arange(n, 2 * n + 1) + x.sum(),
+            torch.arange(1, n, 2) * x.sum(),
+            torch.arange(n, 0, -3, dtype=torch.float32) + x.amax(),
+            torch.arange(n + 5) * x.mean(),
+        )
+
+    compiled = torch.compile(
+        fn, backend="ember", dynamic=True, options={"backend": backend, "fallback": "error"}
+    )
+    before = programs_compiled()
+    with torch.no_grad():
+        # No result of length 0 or 1: Dynamo would guard on (and recompile for) those.
+        for n in (9, 10, 14, 12, 17):
+            x = rand(n)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert programs_compiled() - before == 1
+
+
+def test_size_as_a_tensor_operand(backend):
+    """`x + x.shape[0]`: a symbolic size used as a number."""
+
+    def fn(x):
+        return x * x.shape[-1] + x.shape[0], (x > 0).long() + x.shape[1]
+
+    compiled = torch.compile(
+        fn, backend="ember", dynamic=True, options={"backend": backend, "fallback": "error"}
+    )
+    before = programs_compiled()
+    with torch.no_grad():
+        for shape in ((2, 3), (5, 4), (3, 7)):
+            x = rand(*shape)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert programs_compiled() - before == 1

@@ -1,14 +1,14 @@
-//! Indexing: embedding, index_select, gather, advanced indexing with one index tensor,
+//! Indexing: embedding, index_select, gather, advanced indexing with index tensors,
 //! tril/triu.
 
 use super::{axis, tensor, Handler};
-use crate::dim::Dim;
+use crate::dim::{numel, Dim};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, TensorType};
+use crate::ir::{BinaryOp, Op, TensorType, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -49,7 +49,7 @@ fn gather(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     Ok(Out::Value(ctx.b.op(Op::Gather { axis: a }, &[x, idx])?))
 }
 
-/// `x[..., idx, ...]` with exactly one integer index tensor (and `None`s before it).
+/// `x[..., idx, ...]`: integer index tensors (and `None`s for dims taken whole).
 fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
     let indices = match n.raw("indices", 1) {
@@ -67,24 +67,89 @@ fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
         .collect();
-    let [(a, name)] = given.as_slice() else {
-        return Err(Error::unsupported_because(
-            "aten.index.Tensor",
-            &n.name,
-            "indexing with several index tensors",
-        ));
-    };
-    let idx = ctx.value(name)?;
-    if ctx.b.dtype(idx) == DType::Bool || ctx.b.dtype(idx) == DType::U8 {
-        return Err(Error::unsupported_because(
-            "aten.index.Tensor",
-            &n.name,
-            "boolean-mask indexing (its output shape depends on the data)",
+    let mut idxs = Vec::new();
+    for (_, name) in &given {
+        let idx = ctx.value(name)?;
+        if ctx.b.dtype(idx) == DType::Bool || ctx.b.dtype(idx) == DType::U8 {
+            return Err(Error::unsupported_because(
+                "aten.index.Tensor",
+                &n.name,
+                "boolean-mask indexing (its output shape depends on the data)",
+            ));
+        }
+        idxs.push(idx);
+    }
+    let axes: Vec<usize> = given.iter().map(|(a, _)| *a).collect();
+    if axes.is_empty() {
+        return Ok(Out::Value(x));
+    }
+    if let ([a], [idx]) = (axes.as_slice(), idxs.as_slice()) {
+        return Ok(Out::Value(
+            ctx.b.op(Op::IndexSelect { axis: *a }, &[x, *idx])?,
         ));
     }
-    Ok(Out::Value(
-        ctx.b.op(Op::IndexSelect { axis: *a }, &[x, idx])?,
-    ))
+    Ok(Out::Value(index_several(ctx, x, &axes, idxs)?))
+}
+
+/// `x[i, j]` with several index tensors: they broadcast together and pick one element of the
+/// indexed dims each. Those dims are flattened into one and indexed by the linear index
+/// `i * size(j) + j`; an index out of its own dim's range makes the linear index out of range,
+/// so the runtime reports it instead of reading a neighbour. As in torch, the broadcast dims
+/// replace the indexed dims in place when those are adjacent, and come first otherwise.
+fn index_several(
+    ctx: &mut Ctx,
+    mut x: ValueId,
+    axes: &[usize],
+    idxs: Vec<ValueId>,
+) -> Result<ValueId> {
+    let adjacent = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    let mut first = axes[0];
+    if !adjacent {
+        let rank = ctx.b.rank(x);
+        let mut perm = axes.to_vec();
+        perm.extend((0..rank).filter(|d| !axes.contains(d)));
+        x = ctx.b.permute(x, perm)?;
+        first = 0;
+    }
+    let shape = ctx.b.shape(x);
+    let sizes: Vec<Dim> = (0..axes.len()).map(|i| shape[first + i].clone()).collect();
+    let mut idxs = idxs
+        .into_iter()
+        .map(|i| ctx.b.cast(i, DType::I64))
+        .collect::<Result<Vec<_>>>()?;
+    idxs = ctx.b.broadcast_all(&idxs)?;
+    let t = Operand::Tensor;
+    let zero = Operand::Scalar(Scalar::Int(0));
+    let (mut linear, mut valid) = (None, None);
+    for (j, &idx) in idxs.iter().enumerate() {
+        let size = ctx.b.dim_value(&sizes[j], DType::I64)?;
+        let negative = ctx.b.binary(BinaryOp::Lt, t(idx), zero)?;
+        let wrapped = ctx.b.binary(BinaryOp::Add, t(idx), t(size))?;
+        let idx = ctx.b.where_(negative, t(wrapped), t(idx))?;
+        let low = ctx.b.binary(BinaryOp::Ge, t(idx), zero)?;
+        let high = ctx.b.binary(BinaryOp::Lt, t(idx), t(size))?;
+        let ok = ctx.b.binary(BinaryOp::And, t(low), t(high))?;
+        valid = Some(match valid {
+            Some(v) => ctx.b.binary(BinaryOp::And, t(v), t(ok))?,
+            None => ok,
+        });
+        linear = Some(match linear {
+            Some(l) => {
+                let scaled = ctx.b.binary(BinaryOp::Mul, t(l), t(size))?;
+                ctx.b.binary(BinaryOp::Add, t(scaled), t(idx))?
+            }
+            None => idx,
+        });
+    }
+    let (linear, valid) = (linear.expect("two or more"), valid.expect("two or more"));
+    let total = numel(&sizes);
+    let past_end = ctx.b.dim_value(&total, DType::I64)?;
+    let linear = ctx.b.where_(valid, t(linear), t(past_end))?;
+    let mut flat = shape[..first].to_vec();
+    flat.push(total);
+    flat.extend_from_slice(&shape[first + axes.len()..]);
+    let x = ctx.b.reshape(x, flat)?;
+    ctx.b.op(Op::IndexSelect { axis: first }, &[x, linear])
 }
 
 /// tril keeps `col - row <= diagonal`, triu keeps `col - row >= diagonal`.
