@@ -1,6 +1,7 @@
 """Dynamic shapes through torch.compile: once Dynamo marks a dim dynamic, one symbolic Ember
 program serves every size — a growing decode loop does not recompile per step."""
 
+import ember
 import torch
 from conftest import rand
 from ember.backend import programs_compiled
@@ -67,3 +68,38 @@ def test_graph_returning_a_size_keeps_one_program_as_the_size_grows():
             assert isinstance(ours.length, int)
     assert ours.length == 3 + 8
     assert programs_compiled() - before <= 2
+
+
+class _StaticCacheStep(torch.nn.Module):
+    """Writes new keys into a preallocated cache in place (a static KV cache) and counts
+    steps in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, keys: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor):
+        cache.index_copy_(1, pos, keys)
+        self.steps += 1
+        return (cache * 2).sum(1)
+
+
+def test_in_place_updates_of_inputs_and_buffers_are_written_back():
+    """Input and buffer mutations, through torch.compile and ember.compile, land in the
+    caller's tensors as in eager."""
+    for compile_with in ("torch.compile", "ember.compile"):
+        model, reference = _StaticCacheStep(), _StaticCacheStep()
+        ours, theirs = torch.zeros(2, 6, 3), torch.zeros(2, 6, 3)
+        if compile_with == "torch.compile":
+            compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
+        else:
+            example = (rand(2, 1, 3), torch.tensor([0]), ours.clone())
+            compiled = ember.compile(model, *example)
+        with torch.no_grad():
+            for step in range(4):
+                keys, pos = rand(2, 1, 3), torch.tensor([step])
+                got = compiled(keys, pos, ours)
+                want = reference(keys, pos, theirs)
+                torch.testing.assert_close(got, want)
+                torch.testing.assert_close(ours, theirs)
+        assert int(model.steps) == int(reference.steps) == 4, compile_with

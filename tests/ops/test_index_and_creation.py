@@ -128,3 +128,32 @@ def test_size_as_a_tensor_operand(backend):
             x = rand(*shape)
             torch.testing.assert_close(compiled(x), fn(x))
     assert programs_compiled() - before == 1
+
+
+def test_index_put_and_index_copy(backend):
+    """Writes at index positions (a static KV cache's update), out of place and in place on
+    a clone; negative indices; values broadcast."""
+
+    def fn(cache, pos, new):
+        a = torch.ops.aten.index_put.default(cache, [None, None, pos], new)
+        b = cache.clone()
+        b[:, :, pos] = new
+        c = cache.index_copy(2, pos, new)
+        d = cache.clone()
+        d.index_copy_(2, pos, new)
+        e = torch.index_put(cache, (torch.tensor([-1, 0]),), torch.tensor(2.5))
+        f = torch.ops.aten.index_put.default(cache, [None, None, pos - 8], new)
+        return a, b, c, d, e, f
+
+    cache = rand(2, 3, 8, 4)
+    check(fn, [cache, torch.tensor([5, 1, 6]), rand(2, 3, 3, 4)], backend)
+
+
+def test_index_put_accumulate_is_unsupported():
+    fn = torch.compile(
+        lambda x, i, v: x.index_put((i,), v, accumulate=True),
+        backend="ember",
+        options={"fallback": "error"},
+    )
+    with pytest.raises(ember.UnsupportedOpError, match="accumulate"):
+        fn(rand(5, 2), torch.tensor([1, 1]), rand(2, 2))

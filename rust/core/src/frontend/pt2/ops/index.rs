@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, TensorType, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -16,6 +16,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("index_select", "default") => index_select,
         ("gather", "default") => gather,
         ("index", "Tensor") => index,
+        ("index_put", "default") => index_put,
+        ("index_copy", "default") => index_copy,
         ("tril", "default") => |c, n| triangle(c, n, true),
         ("triu", "default") => |c, n| triangle(c, n, false),
         _ => return None,
@@ -150,6 +152,108 @@ fn index_several(
     flat.extend_from_slice(&shape[first + axes.len()..]);
     let x = ctx.b.reshape(x, flat)?;
     ctx.b.op(Op::IndexSelect { axis: first }, &[x, linear])
+}
+
+/// `x[..., idx, ...] = values` (`index_put`, accumulate=False) with one index tensor.
+fn index_put(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let indices = match n.raw("indices", 1) {
+        Some(Arg::OptTensors(v)) => v.clone(),
+        Some(Arg::Tensors(v)) => v.iter().cloned().map(Some).collect(),
+        other => {
+            return Err(Error::Compile(format!(
+                "node '{}': indices {other:?}",
+                n.name
+            )))
+        }
+    };
+    let values = tensor(ctx, n, "values", 2)?;
+    let unsupported = |why: &str| Error::unsupported_because("aten.index_put", &n.name, why);
+    if n.bool("accumulate", 3, false)? {
+        return Err(unsupported("accumulate=True"));
+    }
+    let given: Vec<(usize, &String)> = indices
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
+        .collect();
+    let [(a, name)] = given.as_slice() else {
+        return Err(unsupported("several index tensors"));
+    };
+    let idx = ctx.value(name)?;
+    if matches!(ctx.b.dtype(idx), DType::Bool | DType::U8) {
+        return Err(unsupported("a boolean mask"));
+    }
+    Ok(Out::Value(scatter(ctx, x, *a, idx, values)?))
+}
+
+/// `x.index_copy(dim, index, source)`: rows of `source` into the positions `index` names.
+fn index_copy(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let a = axis(ctx, x, n.int("dim", 1)?)?;
+    let idx = tensor(ctx, n, "index", 2)?;
+    let source = tensor(ctx, n, "source", 3)?;
+    Ok(Out::Value(scatter(ctx, x, a, idx, source)?))
+}
+
+/// `x` with the slices at `idx` along axis `a` replaced by `values` (broadcast to
+/// `x.shape[..a] ++ idx.shape ++ x.shape[a+1..]`). The IR has no scatter, so it is inverted
+/// into a gather: position p takes the first j with `idx[j] == p` (torch leaves duplicates
+/// unspecified), positions no index names keep `x`; an index out of range writes nothing
+/// (torch raises). Costs |positions| x |idx| comparisons, small for a KV cache's new tokens.
+fn scatter(ctx: &mut Ctx, x: ValueId, a: usize, idx: ValueId, values: ValueId) -> Result<ValueId> {
+    let shape = ctx.b.shape(x);
+    let dtype = ctx.b.dtype(x);
+    let idx_shape = ctx.b.shape(idx);
+    let count = numel(&idx_shape);
+    let mut target = shape[..a].to_vec();
+    target.extend(idx_shape);
+    target.extend_from_slice(&shape[a + 1..]);
+    let values = ctx.b.cast(values, dtype)?;
+    let values = ctx.b.broadcast_to(values, &target)?;
+    // One index per slice: flatten the index dims.
+    let mut flat = shape[..a].to_vec();
+    flat.push(count.clone());
+    flat.extend_from_slice(&shape[a + 1..]);
+    let values = ctx.b.reshape(values, flat)?;
+    let idx = ctx.b.cast(idx, DType::I64)?;
+    let idx = ctx.b.reshape(idx, vec![Dim::Const(1), count])?;
+    let t = Operand::Tensor;
+    let size = ctx.b.dim_value(&shape[a], DType::I64)?;
+    let negative = ctx
+        .b
+        .binary(BinaryOp::Lt, t(idx), Operand::Scalar(Scalar::Int(0)))?;
+    let wrapped = ctx.b.binary(BinaryOp::Add, t(idx), t(size))?;
+    let idx = ctx.b.where_(negative, t(wrapped), t(idx))?;
+    let positions = ctx.b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(1),
+        },
+        TensorType::new(DType::I64, vec![shape[a].clone()]),
+    )?;
+    let positions = ctx
+        .b
+        .reshape(positions, vec![shape[a].clone(), Dim::Const(1)])?;
+    let hits = ctx.b.binary(BinaryOp::Eq, t(positions), t(idx))?;
+    let hits = ctx.b.cast(hits, DType::I64)?;
+    let reduce = |ctx: &mut Ctx, op: ReduceOp, v: ValueId| {
+        ctx.b.op(
+            Op::Reduce {
+                op,
+                axes: vec![1],
+                keepdim: false,
+            },
+            &[v],
+        )
+    };
+    let source = reduce(ctx, ReduceOp::ArgMax, hits)?;
+    let written = reduce(ctx, ReduceOp::Max, hits)?;
+    let gathered = ctx.b.op(Op::IndexSelect { axis: a }, &[values, source])?;
+    let mut mask_shape = vec![Dim::Const(1); shape.len()];
+    mask_shape[a] = shape[a].clone();
+    let written = ctx.b.reshape(written, mask_shape)?;
+    ctx.b.where_(written, t(gathered), t(x))
 }
 
 /// tril keeps `col - row <= diagonal`, triu keeps `col - row >= diagonal`.
