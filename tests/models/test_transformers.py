@@ -4,6 +4,7 @@ inputs, and greedy generation compared token for token with a bound on compiled 
 
 from collections.abc import Callable
 
+import ember
 import pytest
 import torch
 from ember.backend import programs_compiled
@@ -182,3 +183,30 @@ def test_greedy_generate_with_static_cache():
     # Static shapes: prefill and decode.
     compiled = programs_compiled() - before
     assert 1 <= compiled <= 4, f"{compiled} programs for 16 tokens"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ember.UnsupportedOpError,
+    reason="transformers' default MoE experts ('grouped_mm') sort tokens by expert "
+    "(aten.sort, aten.histc) and run a data-dependent grouped matmul in the custom op "
+    "transformers::grouped_mm_fallback; Ember has no sort op and cannot compile custom ops",
+)
+def test_moe_with_the_default_grouped_experts():
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    )
+    model = transformers.Qwen2MoeForCausalLM(config).eval()
+    compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
+    ids = torch.randint(0, VOCAB, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits, **TOL)
