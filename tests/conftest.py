@@ -12,7 +12,22 @@ import pytest
 import torch
 from ember.backend import programs_compiled
 
-BACKENDS = ["cpu", "reference"]
+# Op tests run on every backend: "cuda-emu" is the CUDA backend's generated kernels run on
+# the host, "cuda" the GPU (marked `cuda`, skipped without one). EMBER_TEST_BACKENDS=cpu
+# (say) narrows them to one.
+_DEFAULT_BACKENDS = "cpu,reference" + (",cuda-emu,cuda" if ember.cuda.cuda_built() else "")
+BACKENDS = [
+    pytest.param(
+        b,
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU"),
+        ],
+    )
+    if b == "cuda"
+    else b
+    for b in os.environ.get("EMBER_TEST_BACKENDS", _DEFAULT_BACKENDS).split(",")
+]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -54,6 +69,10 @@ class Fn(torch.nn.Module):
         return self.fn(*args)
 
 
+def _to_cuda(args: Sequence[Any]) -> list[Any]:
+    return [a.to("cuda") if isinstance(a, torch.Tensor) else a for a in args]
+
+
 def _clone(args: Sequence[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -72,10 +91,17 @@ def check(
     if not isinstance(model, torch.nn.Module):
         model = Fn(model)
     model.eval()
+    options = {"backend": backend, "fallback": "error"}
+    if backend == "cuda":
+        # The same model and inputs on the GPU, against eager on the GPU; GPU math
+        # (exp, tanh, reduction order) differs from the CPU's in the last bits.
+        model = model.to("cuda")
+        inputs = _to_cuda(inputs)
+        new_inputs = _to_cuda(new_inputs) if new_inputs is not None else None
+        options = {"device": "cuda", "fallback": "error"}
+        rtol, atol = max(rtol, 1e-4), max(atol, 1e-4)
     before = programs_compiled()
-    compiled = torch.compile(
-        model, backend="ember", options={"backend": backend, "fallback": "error"}
-    )
+    compiled = torch.compile(model, backend="ember", options=options)
     for args in [inputs] + ([new_inputs] if new_inputs is not None else []):
         pristine = _clone(args)
         with torch.no_grad():

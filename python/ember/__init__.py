@@ -6,10 +6,12 @@ fast = ember.compile_pt2("model.pt2")
 runner = ember.compile_onnx("model.onnx")
 """
 
+from ember import cuda
 from ember._core import __version__
 from ember.api import compile, compile_pt2
 from ember.backend import ember_backend
 from ember.compiled import CompiledModel
+from ember.cuda import cuda_available, cuda_built
 from ember.errors import (
     CompileError,
     EmberError,
@@ -36,8 +38,11 @@ __all__ = [
     "UnsupportedOpError",
     "__version__",
     "compile",
+    "cuda_available",
+    "cuda_built",
     "compile_onnx",
     "compile_pt2",
+    "cuda",
     "ember_backend",
     "last_report",
 ]

@@ -26,7 +26,10 @@ def compile(model: torch.nn.Module, *example_inputs: Any, **options: Any) -> Com
     program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
     leaves = pytree.tree_leaves(example_inputs)
     shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
-    return CompiledModel(program, opts, live_weights(ep), ep.call_spec.out_spec, shapes)
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    return CompiledModel(
+        program, opts, live_weights(ep), ep.call_spec.out_spec, shapes, example_inputs=tensors
+    )
 
 
 def compile_pt2(path: str | os.PathLike[str], **options: Any) -> CompiledModel:

@@ -73,7 +73,12 @@ class _DynamoGraph:
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         model = CompiledModel(
-            program, self.options, live_weights(ep), ep.call_spec.out_spec, shapes
+            program,
+            self.options,
+            live_weights(ep),
+            ep.call_spec.out_spec,
+            shapes,
+            example_inputs=[a for a in args if isinstance(a, torch.Tensor)],
         )
         global _programs_compiled
         _programs_compiled += 1

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import torch
 import torch.utils._pytree as pytree
 
-from ember import _core
+from ember import _core, cuda
 from ember.errors import InputError
 from ember.options import Options
 from ember.report import SearchReport, record
@@ -43,9 +43,14 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise InputError(f"Ember does not support tensors of dtype {dtype}") from None
 
 
-def _bind_weights(weights: dict[str, torch.Tensor], specs: Sequence[tuple[str, str, list[int]]]):
+def _bind_weights(
+    weights: dict[str, torch.Tensor],
+    specs: Sequence[tuple[str, str, list[int]]],
+    device: str = "cpu",
+):
     """Pointers to each weight the program reads. Non-contiguous weights get one contiguous
-    copy here, at compile time; the returned list keeps every bound tensor alive."""
+    copy here, at compile time; the returned list keeps every bound tensor alive. The CUDA
+    backend uploads weights from host memory, so GPU weights are copied to the host first."""
     keep: list[torch.Tensor] = []
     bound: dict[str, tuple[int, str, list[int]]] = {}
     for name, _dtype, _shape in specs:
@@ -53,6 +58,8 @@ def _bind_weights(weights: dict[str, torch.Tensor], specs: Sequence[tuple[str, s
         if t is None:
             continue
         t = t.detach()
+        if device == "cuda" and t.device.type == "cuda":
+            t = t.cpu()
         if t.device.type != "cpu":
             raise InputError(f"weight {name!r} is on {t.device}; Ember's CPU backend needs cpu")
         if not t.is_contiguous():
@@ -128,15 +135,21 @@ class CompiledModel:
         weights: dict[str, torch.Tensor] | None = None,
         out_spec: Any = None,
         example_shapes: list[list[int]] | None = None,
+        example_inputs: Sequence[Any] = (),
     ) -> None:
+        tensors = [t for t in (weights or {}).values() if isinstance(t, torch.Tensor)]
+        tensors += [t for t in example_inputs if isinstance(t, torch.Tensor)]
+        self._device = cuda.resolve_device(options.device, tensors)
         self._program = program
         self._options = options
-        self._backend = options.backend
+        self._backend = "cuda" if self._device == "cuda" else options.backend
         self._num_threads = options.threads
         self._weights = {
             name: weights[name] for name, _, _ in program.weight_specs if name in (weights or {})
         }
-        bound, self._keep_alive = _bind_weights(self._weights, self._program.weight_specs)
+        bound, self._keep_alive = _bind_weights(
+            self._weights, self._program.weight_specs, self._device
+        )
         self._versions = [t._version for t in self._weights.values()]
         search = options.search_args(example_shapes)
         self._exe = _with_progress(
@@ -160,7 +173,9 @@ class CompiledModel:
         """Compiles with the weights as they are now. Backends may pre-pack weights (a
         transposed copy for GEMM), so the versions torch counts for in-place updates are
         recorded, and `run_flat` binds again when a weight has changed since."""
-        bound, self._keep_alive = _bind_weights(self._weights, self._program.weight_specs)
+        bound, self._keep_alive = _bind_weights(
+            self._weights, self._program.weight_specs, self._device
+        )
         self._versions = [t._version for t in self._weights.values()]
         self._exe = self._exe.rebind(bound)
 
@@ -189,6 +204,8 @@ class CompiledModel:
                 f"expected {len(self._input_dtypes)} tensor inputs "
                 f"({', '.join(self.input_names)}), got {len(inputs)}"
             )
+        if self._device == "cuda":
+            return self._run_cuda(inputs)
         views = []
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
@@ -213,6 +230,36 @@ class CompiledModel:
         for i, target in self._mutations:
             (inputs[target] if isinstance(target, int) else target).copy_(outs[i])
         return [outs[i] for i in self._user_outputs]
+
+    def _run_cuda(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Zero-copy on torch CUDA tensors: outputs come from torch's caching allocator and
+        the work is queued on torch's current stream."""
+        gpu = torch.device("cuda", 0)
+        views = []
+        for i, t in enumerate(inputs):
+            if not isinstance(t, torch.Tensor) or t.device != gpu:
+                where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InputError(
+                    f"input {i} ({self.input_names[i]!r}) is on {where}; this program runs "
+                    "on cuda:0 tensors"
+                )
+            t = t.contiguous()
+            views.append((t, (t.data_ptr(), dtype_name(t.dtype), list(t.shape))))
+        shapes = self._exe.output_shapes([v[1][2] for v in views])
+        outs = [
+            torch.empty(s, dtype=d, device=gpu)
+            for s, d in zip(shapes, self._output_dtypes, strict=True)
+        ]
+        stream = torch.cuda.current_stream(gpu).cuda_stream
+        self._exe.run_device(
+            [v[1] for v in views],
+            [
+                (o.data_ptr(), n, s)
+                for o, n, s in zip(outs, self._output_names, shapes, strict=True)
+            ],
+            stream,
+        )
+        return outs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Flat tensor arguments (the common case) skip pytree, which costs tens of µs.

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-_BACKENDS = ("cpu", "reference")
+_BACKENDS = ("cpu", "reference", "cuda-emu")
 _FALLBACKS = ("eager", "error")
 _EXPORTS = ("pt2", "onnx")
 
@@ -17,8 +17,11 @@ _EXPORTS = ("pt2", "onnx")
 class Options:
     """Options of ``ember.compile`` / ``torch.compile(..., options=...)``.
 
-    backend: "cpu" (the fast CPU runtime) or "reference" (the slow reference interpreter,
-        for debugging numerics).
+    backend: "cpu" (the fast CPU runtime), "reference" (the slow reference interpreter,
+        for debugging numerics), or "cuda-emu" (the CUDA backend's generated kernels run on
+        the host: slow, for testing CUDA code generation on machines without a GPU).
+    device: "auto" (CUDA when the example inputs or the weights are CUDA tensors, else the
+        CPU), "cpu" or "cuda" (the CUDA backend on GPU 0; a clear error where there is none).
     fallback: what to do with a graph Ember cannot compile: "eager" runs it with PyTorch and
         warns once naming the unsupported ops; "error" raises ``ember.UnsupportedOpError``.
     num_threads: worker threads of the CPU runtime (default: ``torch.get_num_threads()``).
@@ -35,6 +38,7 @@ class Options:
     """
 
     backend: str = "cpu"
+    device: str = "auto"
     fallback: str = "eager"
     num_threads: int = 0
     export: str = "pt2"
@@ -49,6 +53,8 @@ class Options:
             raise ValueError(
                 f"ember option backend={self.backend!r}; valid: {', '.join(_BACKENDS)}"
             )
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"ember option device={self.device!r}; valid: auto, cpu, cuda")
         if self.fallback not in _FALLBACKS:
             raise ValueError(
                 f"ember option fallback={self.fallback!r}; valid: {', '.join(_FALLBACKS)}"

@@ -1,5 +1,6 @@
 """Whole models through torch.compile(backend="ember") against eager."""
 
+import pytest
 import torch
 from conftest import check, rand
 from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
@@ -39,3 +40,25 @@ def test_transformer_encoder(backend):
 
 def test_norm_chain(backend):
     check(NormChain(24), [rand(3, 24)], backend, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_llama_in_half_precision_is_as_close_to_f32_as_eager(backend, dtype):
+    """A 16-bit model: Ember's error against the f32 model is no worse than eager's."""
+    reference = Llama(SMALL).eval()
+    model = Llama(SMALL).eval()
+    model.load_state_dict(reference.state_dict())
+    model = model.to(dtype)
+    tokens = torch.randint(0, SMALL.vocab, (2, 9))
+    options = {"backend": backend, "fallback": "error"}
+    if backend == "cuda":
+        reference, model, tokens = reference.cuda(), model.cuda(), tokens.cuda()
+        options = {"device": "cuda", "fallback": "error"}
+    compiled = torch.compile(model, backend="ember", options=options)
+    with torch.no_grad():
+        want = reference(tokens)
+        eager_err = (model(tokens).float() - want).abs().max().item()
+        got = compiled(tokens)
+    assert got.dtype == dtype
+    ember_err = (got.float() - want).abs().max().item()
+    assert ember_err <= 1.5 * eager_err + 1e-3, (ember_err, eager_err)

@@ -62,4 +62,22 @@ pub trait Executable: Send + Sync {
     /// Every input view must be valid for reads over its shape and strides, and every output
     /// must be valid for writes of its full size and not alias any input, for the whole call.
     unsafe fn run(&self, inputs: &[TensorView], outputs: &[TensorOut]) -> Result<()>;
+
+    /// Runs on the backend's own device memory: contiguous inputs of `input_shapes` at
+    /// `inputs`, outputs (of `output_shapes`) at `outputs`, work queued on `stream`. Only
+    /// backends with device memory (CUDA) implement it.
+    ///
+    /// # Safety
+    /// Every address must be live device memory of its tensor's full size for the call.
+    unsafe fn run_device(
+        &self,
+        _input_shapes: &[Vec<usize>],
+        _inputs: &[u64],
+        _outputs: &[u64],
+        _stream: u64,
+    ) -> Result<()> {
+        Err(crate::Error::Runtime(
+            "this backend runs on host memory; pass cpu tensors".into(),
+        ))
+    }
 }

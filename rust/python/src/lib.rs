@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod onnx;
 
 use pyo3::create_exception;
@@ -72,7 +74,7 @@ fn to_py(e: Error) -> PyErr {
 }
 
 /// Runs `f`, turning an error into its Python exception and a panic into `EmberError`.
-fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(to_py),
         Err(panic) => {
@@ -98,7 +100,7 @@ type RawBuffer = (usize, String, Vec<usize>);
 /// A translated program, before it is compiled for a backend.
 #[pyclass(frozen, module = "ember._core")]
 struct Program {
-    inner: Arc<Pt2Program>,
+    pub(crate) inner: Arc<Pt2Program>,
 }
 
 #[pymethods]
@@ -187,8 +189,17 @@ fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
             guard(|| Ok(Box::new(ember_cpu::CpuBackend::new(num_threads)) as Box<dyn Backend>))
         }
         "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
+        #[cfg(feature = "cuda")]
+        "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
+        #[cfg(feature = "cuda")]
+        "cuda" => guard(|| Ok(Box::new(ember_cuda::CudaBackend::new()?) as Box<dyn Backend>)),
         other => Err(CompileError::new_err(format!(
-            "unknown backend '{other}'; available: cpu, reference"
+            "unknown backend '{other}'; available: cpu, reference{}",
+            if cfg!(feature = "cuda") {
+                ", cuda-emu"
+            } else {
+                ""
+            }
         ))),
     }
 }
@@ -310,6 +321,36 @@ impl Executable {
             guard(|| unsafe { self.inner.run(&views, &outs) })
         })
     }
+
+    /// Runs on device memory (torch CUDA tensors): inputs `(ptr, dtype, shape)` contiguous,
+    /// outputs `(ptr, dtype, shape)` of the shapes `output_shapes` gives, work queued on
+    /// `stream` (torch's current stream). The caller keeps every buffer alive for the call.
+    fn run_device(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(usize, String, Vec<usize>)>,
+        outputs: Vec<(usize, String, Vec<usize>)>,
+        stream: usize,
+    ) -> PyResult<()> {
+        let g: &Graph = &self.graph.graph;
+        for (k, (_, dt, _)) in inputs.iter().enumerate() {
+            let dt = dtype(dt)?;
+            let want = g.inputs.get(k).map(|&i| g.ty(i).dtype);
+            if want.is_some_and(|w| w != dt) {
+                return Err(InputError::new_err(format!(
+                    "input {k} should be {}, got {dt}",
+                    want.map(|w| w.to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|i| i.2.clone()).collect();
+        let ins: Vec<u64> = inputs.iter().map(|i| i.0 as u64).collect();
+        let outs: Vec<u64> = outputs.iter().map(|o| o.0 as u64).collect();
+        py.detach(|| {
+            // SAFETY: the Python caller passes live device tensors of the stated shapes.
+            guard(|| unsafe { self.inner.run_device(&shapes, &ins, &outs, stream as u64) })
+        })
+    }
 }
 
 /// Raw views crossing into the GIL-free section.
@@ -376,8 +417,9 @@ fn compile(
         )));
     }
     let opts = SearchOptions {
-        // Searching the reference interpreter would only time the oracle against itself.
-        iterations: if backend == "reference" {
+        // Searching the reference interpreter would only time the oracle against itself, and
+        // the emulator's timings say nothing about a GPU.
+        iterations: if backend == "reference" || backend == "cuda-emu" {
             0
         } else {
             search_iterations
@@ -447,6 +489,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
     m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add("cuda_built", cfg!(feature = "cuda"))?;
+    #[cfg(feature = "cuda")]
+    {
+        m.add_function(wrap_pyfunction!(cuda::cuda_codegen, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::nvrtc_compile, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::nvrtc_version, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::cuda_devices, m)?)?;
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

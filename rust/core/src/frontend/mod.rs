@@ -5,3 +5,4 @@ pub mod builder;
 pub mod conv;
 pub mod onnx;
 pub mod pt2;
+pub mod resample;

@@ -8,6 +8,7 @@ mod index;
 mod linalg;
 mod nn;
 mod reduce;
+mod resize;
 mod shape;
 
 use super::node::Node;
@@ -28,6 +29,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| nn::handler(op))
         .or_else(|| conv::handler(op))
         .or_else(|| creation::handler(op))
+        .or_else(|| resize::handler(op))
 }
 
 /// Ops Ember knows but cannot express with the current IR, with the reason.
@@ -36,7 +38,9 @@ pub fn unsupported_reason(op: &str) -> Option<&'static str> {
         "LpPool" | "MaxUnpool" | "GlobalLpPool" => {
             "Lp pooling and unpooling need IR ops Ember does not have yet"
         }
-        "Resize" | "Upsample" | "GridSample" => "resampling needs an IR op Ember does not have yet",
+        "GridSample" => {
+            "sampling at tensor-valued positions needs an IR op Ember does not have yet"
+        }
         "TopK" | "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
         "ScatterElements" | "ScatterND" | "Scatter" => {
             "scatter needs an IR op Ember does not have yet"

@@ -3,16 +3,13 @@
 //! `index_select`, linear is two gathers blended with constant weights. Source positions
 //! are computed in f32 as torch's CPU kernels do, so the same pixels are picked.
 
-use std::sync::Arc;
-
 use super::{tensor, Handler};
 use crate::dim::{format_shape, Dim};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, ConstData, Op, TensorType, ValueId};
+use crate::frontend::resample::{blend, index_const, Tap};
+use crate::ir::{Op, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     if overload != "vec" {
@@ -95,46 +92,6 @@ fn scale_value(scale: Option<f64>, len: i64, out: i64) -> f32 {
     }
 }
 
-fn index_const(ctx: &mut Ctx, idx: &[i64]) -> Result<ValueId> {
-    let bytes: Vec<u8> = idx.iter().flat_map(|i| i.to_le_bytes()).collect();
-    ctx.b.source(
-        Op::Constant(ConstData {
-            shape: vec![idx.len()],
-            bytes: Arc::new(bytes),
-        }),
-        TensorType::new(DType::I64, vec![Dim::Const(idx.len() as i64)]),
-    )
-}
-
-/// Blend weights shaped to broadcast along `axis` of a rank-`rank` value.
-fn weight_const(
-    ctx: &mut Ctx,
-    w: &[f32],
-    dtype: DType,
-    axis: usize,
-    rank: usize,
-) -> Result<ValueId> {
-    let bytes: Vec<u8> = match dtype {
-        DType::F64 => w.iter().flat_map(|&v| (v as f64).to_le_bytes()).collect(),
-        _ => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    };
-    let cdt = if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
-    let mut shape = vec![1usize; rank];
-    shape[axis] = w.len();
-    let c = ctx.b.source(
-        Op::Constant(ConstData {
-            shape: shape.clone(),
-            bytes: Arc::new(bytes),
-        }),
-        TensorType::new(cdt, shape.iter().map(|&d| Dim::Const(d as i64)).collect()),
-    )?;
-    ctx.b.cast(c, dtype)
-}
-
 /// `exact` (nearest-exact) samples pixel centers: `⌊(o + ½)·scale⌋` instead of `⌊o·scale⌋`.
 fn nearest(ctx: &mut Ctx, n: &NodeArgs, exact: bool) -> Result<Out> {
     let x = tensor(ctx, n, "input", 0)?;
@@ -151,7 +108,7 @@ fn nearest(ctx: &mut Ctx, n: &NodeArgs, exact: bool) -> Result<Out> {
         let idx: Vec<i64> = (0..out)
             .map(|o| (((o as f32 + shift) * scale).floor() as i64).min(len - 1))
             .collect();
-        let c = index_const(ctx, &idx)?;
+        let c = index_const(&mut ctx.b, &idx)?;
         v = ctx.b.op(Op::IndexSelect { axis: 2 + i }, &[v, c])?;
     }
     Ok(Out::Value(v))
@@ -197,16 +154,17 @@ fn bilinear(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
             w0.push(1.0 - lambda);
             w1.push(lambda);
         }
-        let rank = ctx.b.rank(v);
-        let (c0, c1) = (index_const(ctx, &i0)?, index_const(ctx, &i1)?);
-        let a = ctx.b.op(Op::IndexSelect { axis }, &[v, c0])?;
-        let b = ctx.b.op(Op::IndexSelect { axis }, &[v, c1])?;
-        let wa = weight_const(ctx, &w0, dtype, axis, rank)?;
-        let wb = weight_const(ctx, &w1, dtype, axis, rank)?;
-        let t = Operand::Tensor;
-        let a = ctx.b.binary_in(BinaryOp::Mul, t(wa), t(a), dtype)?;
-        let b = ctx.b.binary_in(BinaryOp::Mul, t(wb), t(b), dtype)?;
-        v = ctx.b.binary_in(BinaryOp::Add, t(a), t(b), dtype)?;
+        let taps = [
+            Tap {
+                index: i0,
+                weight: w0,
+            },
+            Tap {
+                index: i1,
+                weight: w1,
+            },
+        ];
+        v = blend(&mut ctx.b, v, axis, &taps)?;
     }
     Ok(Out::Value(v))
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GPU check, for any Linux machine with an NVIDIA GPU (and torch's CUDA build installed):
+# installs Ember from a wheel built elsewhere (the first argument, or dist/ember-*.whl, made
+# by `maturin build --release -o dist`), or builds one when there is none; runs every `cuda`
+# test and the GPU benchmark; prints a short summary table last. Results also go to $OUT
+# (or /tmp/ember-gpu).
+#
+#   ci/gpu_tests.sh [path/to/ember-*.whl]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/ember-gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+wheel=${1:-$(ls dist/ember-*.whl 2>/dev/null | head -n 1)}
+if [ -n "$wheel" ]; then
+    python3 -m pip install --quiet --no-deps --force-reinstall "$wheel" || exit 1
+else
+    python3 -m pip install --quiet --no-build-isolation . || exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 - <<'PY' | tee -a "$out/gpu.txt"
+import ember
+print("ember", ember.__version__, "cuda_built", ember.cuda_built(), "devices", ember.cuda.devices())
+print("nvrtc", ember.cuda.nvrtc_version())
+PY
+
+# Run from a copy of the tests outside the source tree, so `import ember` finds the install.
+rm -rf "$out/tests" && cp -r tests "$out/tests"
+python3 -m pytest "$out/tests/ops" "$out/tests/models" "$out/tests/cuda" -m cuda -q \
+    -p no:cacheprovider -rfEs --junitxml="$out/cuda-tests.xml" 2>&1 | tee "$out/cuda-tests.log"
+tests_rc=${PIPESTATUS[0]}
+
+python3 -m bench.gpu --json "$out/gpu-bench.json" 2>&1 | tee "$out/gpu-bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+echo
+echo "== summary =="
+head -n 1 "$out/gpu.txt"
+python3 - "$out/cuda-tests.xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    suite = ET.parse(sys.argv[1]).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    a = suite.attrib
+    print(f"cuda tests: {a['tests']} run, {a['failures']} failed, {a['errors']} errors, "
+          f"{a['skipped']} skipped")
+except Exception as e:  # the summary must print even when pytest crashed
+    print(f"cuda tests: no report ({e})")
+PY
+tail -n 12 "$out/gpu-bench.log"
+echo "tests exit $tests_rc, bench exit $bench_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -1,0 +1,800 @@
+//! Kernel templates: one per kind of root op. Each reads its inputs through the emitter
+//! (so fused producers are computed in place) and writes its root's contiguous output.
+//! Identical kernels (same text up to the name) are generated once.
+
+use std::collections::HashMap;
+
+use ember_core::dim::{numel, Dim};
+use ember_core::dtype::{DType, Kind};
+use ember_core::ir::{Graph, Op, PoolKind, ReduceOp};
+
+use super::emit::{param_decl, Emitter};
+use super::types::{accumulate_type, storage_type, store};
+use super::{CodegenError, Kernel, Launch, StepKind};
+
+const NAME: &str = "@KERNEL@";
+
+/// Emits the work on one element of a norm's row: (emitter, trailing index, value).
+type RowBody<'f> = dyn Fn(&mut Emitter, &[String], &str) -> Result<(), CodegenError> + 'f;
+
+pub struct Generator<'a> {
+    g: &'a Graph,
+    in_memory: &'a [bool],
+    symbols: &'a [std::sync::Arc<str>],
+    kernels: Vec<Kernel>,
+    by_text: HashMap<String, usize>,
+    source: String,
+}
+
+/// A kernel's body and what it needs besides its parameters.
+struct Body {
+    e_params: Vec<usize>,
+    text: String,
+    cooperative: bool,
+    scratch: Option<&'static str>,
+}
+
+fn inf(acc: &str) -> &'static str {
+    if acc == "double" {
+        "EMBER_INF64"
+    } else {
+        "EMBER_INF"
+    }
+}
+
+fn err(g: &Graph, id: usize, msg: impl std::fmt::Display) -> CodegenError {
+    CodegenError::new(g, id, msg)
+}
+
+impl<'a> Generator<'a> {
+    pub fn new(g: &'a Graph, in_memory: &'a [bool], symbols: &'a [std::sync::Arc<str>]) -> Self {
+        Generator {
+            g,
+            in_memory,
+            symbols,
+            kernels: Vec::new(),
+            by_text: HashMap::new(),
+            source: String::new(),
+        }
+    }
+
+    pub fn finish(self) -> (Vec<Kernel>, String) {
+        (self.kernels, self.source)
+    }
+
+    fn emitter(&self, root: Option<usize>) -> Emitter<'a> {
+        let mut e = Emitter::new(self.g, self.in_memory, root, self.symbols);
+        e.indent = 1;
+        e
+    }
+
+    /// Registers a kernel (once per distinct text) and returns its step.
+    fn add(&mut self, id: usize, body: Body, launch: Launch) -> StepKind {
+        let g = self.g;
+        let out_t = storage_type(g.nodes[id].ty.dtype);
+        let mut params = vec![
+            "i64* __restrict__ meta".to_string(),
+            format!("{out_t}* __restrict__ out"),
+        ];
+        for (k, &p) in body.e_params.iter().enumerate() {
+            params.push(param_decl(g, p, &format!("b{k}")));
+        }
+        if let Some(t) = body.scratch {
+            params.push(format!("{t}* __restrict__ scratch"));
+        }
+        let text = format!(
+            "extern \"C\" __global__ void {NAME}({}) {{\n{}}}\n",
+            params.join(", "),
+            body.text
+        );
+        let kernel = match self.by_text.get(&text) {
+            Some(&k) => k,
+            None => {
+                let k = self.kernels.len();
+                let name = format!("ember_k{k}");
+                self.source.push_str(&text.replace(NAME, &name));
+                self.source.push('\n');
+                self.kernels.push(Kernel {
+                    name,
+                    cooperative: body.cooperative,
+                });
+                self.by_text.insert(text, k);
+                k
+            }
+        };
+        StepKind::Kernel {
+            kernel,
+            args: body.e_params,
+            launch,
+            scratch_per_block: body.scratch.map(|_| self.scratch_dim(id)),
+        }
+    }
+
+    fn scratch_dim(&self, id: usize) -> Dim {
+        // Attention keeps one row of scores per block: S (the keys' length).
+        let g = self.g;
+        let k = &g.nodes[g.nodes[id].inputs[1]].ty.shape;
+        k[k.len() - 2].clone()
+    }
+
+    /// Writes the value of `id` (loaded, when it is in memory) to a caller's output.
+    pub fn copy_kernel(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+        self.elementwise(id, None)
+    }
+
+    pub fn node_kernel(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        match &n.op {
+            Op::Reduce { op, axes, .. } => self.reduce(id, *op, axes),
+            Op::Softmax { axis, log } => self.softmax(id, *axis, *log),
+            Op::LayerNorm {
+                axis,
+                eps,
+                has_weight,
+                has_bias,
+            } => self.norm(id, *axis, *eps, *has_weight, *has_bias, false),
+            Op::RmsNorm {
+                axis,
+                eps,
+                has_weight,
+            } => self.norm(id, *axis, *eps, *has_weight, false, true),
+            Op::Cumsum { axis } => self.cumsum(id, *axis),
+            Op::Attention {
+                scale,
+                causal,
+                has_mask,
+            } => self.attention(id, *scale, *causal, *has_mask),
+            Op::Conv {
+                stride,
+                padding,
+                dilation,
+                groups,
+                has_bias,
+            } => self.conv(id, stride, padding, dilation, *groups, *has_bias),
+            Op::Pool {
+                kind,
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ..
+            } => self.pool(id, *kind, kernel, stride, padding, dilation),
+            Op::Dot => self.dot(id),
+            _ => self.elementwise(id, Some(id)),
+        }
+    }
+
+    /// One thread per output element (grid-stride).
+    fn elementwise(&mut self, id: usize, root: Option<usize>) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let shape = g.nodes[id].ty.shape.clone();
+        let dtype = g.nodes[id].ty.dtype;
+        let mut e = self.emitter(root);
+        let n = e.dims.product(&shape);
+        e.line(format!("const i64 n = {n};"));
+        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        let idx = e.unravel("i", &shape);
+        let v = e.value(id, &idx)?;
+        e.line(format!("out[i] = {};", store(dtype, &v)));
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: false,
+            scratch: None,
+        };
+        Ok(self.add(id, body, Launch::Elements(numel(&shape))))
+    }
+
+    fn reduce(
+        &mut self,
+        id: usize,
+        op: ReduceOp,
+        axes: &[usize],
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let x = g.nodes[id].inputs[0];
+        let xt = &g.nodes[x].ty;
+        let out_dtype = g.nodes[id].ty.dtype;
+        let kept: Vec<Dim> = (0..xt.rank())
+            .filter(|a| !axes.contains(a))
+            .map(|a| xt.shape[a].clone())
+            .collect();
+        let reduced: Vec<Dim> = axes.iter().map(|&a| xt.shape[a].clone()).collect();
+        let acc = accumulate_type(xt.dtype);
+        let float = xt.dtype.kind() == Kind::Float;
+        let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+        let mut e = self.emitter(None);
+        if arg {
+            e.line(format!("__shared__ {acc} sv[1024];"));
+            e.line("__shared__ i64 si[1024];");
+        } else {
+            e.line(format!("__shared__ {acc} smem[1024];"));
+        }
+        let (rows, width) = (e.dims.product(&kept), e.dims.product(&reduced));
+        e.line(format!("const i64 rows = {rows};"));
+        e.line(format!("const i64 width = {width};"));
+        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
+        let kidx = e.unravel("row", &kept);
+        let (init, combine) = match (op, float) {
+            (ReduceOp::Sum, _) => ("0".to_string(), "EmberSum()"),
+            (ReduceOp::Prod, _) => ("1".to_string(), "EmberProd()"),
+            (ReduceOp::Max, true) => (format!("-{}", inf(acc)), "EmberFMax()"),
+            (ReduceOp::Min, true) => (inf(acc).to_string(), "EmberFMin()"),
+            (ReduceOp::Max, false) => ("(-9223372036854775807LL - 1)".into(), "EmberIMax()"),
+            (ReduceOp::Min, false) => ("9223372036854775807LL".into(), "EmberIMin()"),
+            (ReduceOp::ArgMax | ReduceOp::ArgMin, _) => ("0".into(), ""),
+        };
+        let kahan = op == ReduceOp::Sum && float;
+        if arg {
+            e.line(format!("{acc} best = 0; i64 at = -1;"));
+        } else if kahan {
+            e.line(format!("EmberKahan<{acc}> kh = {{0, 0}};"));
+        } else {
+            e.line(format!("{acc} a = {init};"));
+        }
+        e.open("for (i64 r = threadIdx.x; r < width; r += blockDim.x)");
+        let ridx = e.unravel("r", &reduced);
+        let mut full = vec![String::new(); xt.rank()];
+        let (mut ki, mut ri) = (kidx.iter(), ridx.iter());
+        for (a, slot) in full.iter_mut().enumerate() {
+            *slot = if axes.contains(&a) {
+                ri.next()
+            } else {
+                ki.next()
+            }
+            .cloned()
+            .unwrap_or_default();
+        }
+        let v = e.value(x, &full)?;
+        let is_max = op == ReduceOp::ArgMax;
+        match op {
+            _ if arg => e.line(format!(
+                "if (ember_arg_better(({acc}){v}, r, best, at, {is_max})) {{ best = ({acc}){v}; at = r; }}"
+            )),
+            _ if kahan => e.line(format!("kh.add(({acc}){v});")),
+            _ => e.line(format!("a = {combine}(a, ({acc}){v});")),
+        }
+        e.close();
+        if arg {
+            e.line(format!(
+                "ember_block_argreduce(&best, &at, sv, si, {is_max});"
+            ));
+            e.line(format!(
+                "if (threadIdx.x == 0) out[row] = {};",
+                store(out_dtype, "at")
+            ));
+        } else {
+            let a = if kahan { "kh.sum" } else { "a" };
+            e.line(format!(
+                "const {acc} total = ember_block_reduce({a}, smem, {combine});"
+            ));
+            e.line(format!(
+                "if (threadIdx.x == 0) out[row] = {};",
+                store(out_dtype, "total")
+            ));
+        }
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: true,
+            scratch: None,
+        };
+        Ok(self.add(
+            id,
+            body,
+            Launch::Rows {
+                rows: numel(&kept),
+                width: numel(&reduced),
+            },
+        ))
+    }
+
+    /// Index variables of a row (all dims but `axis`) with `j` at `axis`.
+    fn with_axis(row: &[String], axis: usize, j: &str) -> Vec<String> {
+        let mut idx = row.to_vec();
+        idx.insert(axis, j.to_string());
+        idx
+    }
+
+    fn softmax(&mut self, id: usize, axis: usize, log: bool) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let x = g.nodes[id].inputs[0];
+        let shape = g.nodes[id].ty.shape.clone();
+        let dtype = g.nodes[id].ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("softmax of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let mut row_dims = shape.clone();
+        let len = row_dims.remove(axis);
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!("const i64 rows = {};", e.dims.product(&row_dims)));
+        e.line(format!("const i64 len = {};", e.dim(&len)));
+        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
+        let ridx = e.unravel("row", &row_dims);
+        e.line(format!("{acc} mx = -{};", inf(acc)));
+        e.open("for (i64 j = threadIdx.x; j < len; j += blockDim.x)");
+        let v = e.value(x, &Self::with_axis(&ridx, axis, "j"))?;
+        e.line(format!("mx = ({acc}){v} > mx ? ({acc}){v} : mx;"));
+        e.close();
+        e.line("mx = ember_block_reduce(mx, smem, EmberIMax());");
+        e.line(format!("{acc} s = 0;"));
+        e.open("for (i64 j = threadIdx.x; j < len; j += blockDim.x)");
+        let v = e.value(x, &Self::with_axis(&ridx, axis, "j"))?;
+        e.line(format!("s += ember_exp(({acc}){v} - mx);"));
+        e.close();
+        e.line("s = ember_block_reduce(s, smem, EmberSum());");
+        if log {
+            e.line(format!("const {acc} shift = mx + ember_log(s);"));
+        }
+        e.open("for (i64 j = threadIdx.x; j < len; j += blockDim.x)");
+        let idx = Self::with_axis(&ridx, axis, "j");
+        let v = e.value(x, &idx)?;
+        let y = if log {
+            format!("({acc}){v} - shift")
+        } else {
+            format!("ember_exp(({acc}){v} - mx) / s")
+        };
+        let off = e.offset(&idx, &shape);
+        e.line(format!("out[{off}] = {};", store(dtype, &y)));
+        e.close();
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: true,
+            scratch: None,
+        };
+        Ok(self.add(
+            id,
+            body,
+            Launch::Rows {
+                rows: numel(&row_dims),
+                width: len,
+            },
+        ))
+    }
+
+    /// Layer norm (two-pass mean and variance) or RMS norm over the dims from `axis` on.
+    fn norm(
+        &mut self,
+        id: usize,
+        axis: usize,
+        eps: f64,
+        has_weight: bool,
+        has_bias: bool,
+        rms: bool,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let x = n.inputs[0];
+        let shape = n.ty.shape.clone();
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("normalization of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let (lead, trail) = (shape[..axis].to_vec(), shape[axis..].to_vec());
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!("const i64 rows = {};", e.dims.product(&lead)));
+        e.line(format!("const i64 width = {};", e.dims.product(&trail)));
+        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
+        let ridx = e.unravel("row", &lead);
+        let pass = |e: &mut Emitter, f: &RowBody<'_>| {
+            e.open("for (i64 j = threadIdx.x; j < width; j += blockDim.x)");
+            let tidx = e.unravel("j", &trail);
+            let mut idx = ridx.clone();
+            idx.extend(tidx.iter().cloned());
+            let v = e.value(x, &idx)?;
+            f(e, &tidx, &format!("({acc}){v}"))?;
+            e.close();
+            Ok::<(), CodegenError>(())
+        };
+        let eps_lit = format!("({acc}){eps:e}");
+        if rms {
+            e.line(format!("EmberKahan<{acc}> kh = {{0, 0}};"));
+            pass(&mut e, &|e, _, v| {
+                e.line(format!("kh.add({v} * {v});"));
+                Ok(())
+            })?;
+            e.line(format!(
+                "const {acc} rstd = ember_rsqrt(ember_block_reduce(kh.sum, smem, EmberSum()) / ({acc})width + {eps_lit});"
+            ));
+            e.line(format!("const {acc} mean = 0;"));
+        } else {
+            e.line(format!("EmberKahan<{acc}> kh = {{0, 0}};"));
+            pass(&mut e, &|e, _, v| {
+                e.line(format!("kh.add({v});"));
+                Ok(())
+            })?;
+            e.line(format!(
+                "const {acc} mean = ember_block_reduce(kh.sum, smem, EmberSum()) / ({acc})width;"
+            ));
+            e.line(format!("EmberKahan<{acc}> kv = {{0, 0}};"));
+            pass(&mut e, &|e, _, v| {
+                e.line(format!("const {acc} d = {v} - mean; kv.add(d * d);"));
+                Ok(())
+            })?;
+            e.line(format!(
+                "const {acc} rstd = ember_rsqrt(ember_block_reduce(kv.sum, smem, EmberSum()) / ({acc})width + {eps_lit});"
+            ));
+        }
+        let (w, b) = (
+            has_weight.then(|| n.inputs[1]),
+            has_bias.then(|| n.inputs[1 + has_weight as usize]),
+        );
+        pass(&mut e, &|e, tidx, v| {
+            let mut y = format!("({v} - mean) * rstd");
+            if let Some(w) = w {
+                let wv = e.value(w, tidx)?;
+                y = format!("({y}) * ({acc}){wv}");
+            }
+            if let Some(b) = b {
+                let bv = e.value(b, tidx)?;
+                y = format!("({y}) + ({acc}){bv}");
+            }
+            e.line(format!("out[row * width + j] = {};", store(dtype, &y)));
+            Ok(())
+        })?;
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: true,
+            scratch: None,
+        };
+        Ok(self.add(
+            id,
+            body,
+            Launch::Rows {
+                rows: numel(&lead),
+                width: numel(&trail),
+            },
+        ))
+    }
+
+    /// One thread per line along `axis`, summing serially.
+    fn cumsum(&mut self, id: usize, axis: usize) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let x = g.nodes[id].inputs[0];
+        let shape = g.nodes[id].ty.shape.clone();
+        let dtype = g.nodes[id].ty.dtype;
+        let acc = accumulate_type(dtype);
+        let mut lines = shape.clone();
+        let len = lines.remove(axis);
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 lines = {};", e.dims.product(&lines)));
+        e.line(format!("const i64 len = {};", e.dim(&len)));
+        e.open("for (i64 line = (i64)blockIdx.x * blockDim.x + threadIdx.x; line < lines; line += (i64)gridDim.x * blockDim.x)");
+        let lidx = e.unravel("line", &lines);
+        e.line(format!("{acc} a = 0;"));
+        e.open("for (i64 j = 0; j < len; ++j)");
+        let idx = Self::with_axis(&lidx, axis, "j");
+        let v = e.value(x, &idx)?;
+        e.line(format!("a += ({acc}){v};"));
+        let off = e.offset(&idx, &shape);
+        e.line(format!("out[{off}] = {};", store(dtype, "a")));
+        e.close();
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: false,
+            scratch: None,
+        };
+        Ok(self.add(id, body, Launch::Elements(numel(&lines))))
+    }
+
+    /// One block per query row: scores into scratch, softmax, then the weighted sum of values.
+    fn attention(
+        &mut self,
+        id: usize,
+        scale: f64,
+        causal: bool,
+        has_mask: bool,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("attention of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+        let mask = has_mask.then(|| n.inputs[3]);
+        let qs = g.nodes[q].ty.shape.clone();
+        let ks = g.nodes[k].ty.shape.clone();
+        let vs = g.nodes[v].ty.shape.clone();
+        let r = qs.len();
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!(
+            "const i64 rows = {};",
+            e.dims.product(&qs[..r - 1])
+        ));
+        e.line(format!("const i64 S = {};", e.dim(&ks[r - 2])));
+        e.line(format!("const i64 E = {};", e.dim(&qs[r - 1])));
+        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        e.line(format!("{acc}* sc = scratch + (i64)blockIdx.x * S;"));
+        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
+        let ridx = e.unravel("row", &qs[..r - 1]);
+        let (bidx, l) = (ridx[..r - 2].to_vec(), ridx[r - 2].clone());
+        let at = |last2: [&str; 2]| {
+            let mut i = bidx.clone();
+            i.extend(last2.iter().map(|s| s.to_string()));
+            i
+        };
+        e.line(format!("{acc} mx = -{};", inf(acc)));
+        e.open("for (i64 j = threadIdx.x; j < S; j += blockDim.x)");
+        e.line(format!("{acc} d = 0;"));
+        e.open("for (i64 c = 0; c < E; ++c)");
+        let qv = e.value(q, &at([&l, "c"]))?;
+        let kv = e.value(k, &at(["j", "c"]))?;
+        e.line(format!("d += ({acc}){qv} * ({acc}){kv};"));
+        e.close();
+        e.line(format!("{acc} s = d * ({acc}){scale:e};"));
+        if causal {
+            e.line(format!("if (j > {l}) s = -{};", inf(acc)));
+        }
+        if let Some(m) = mask {
+            let mv = e.value(m, &at([&l, "j"]))?;
+            if g.nodes[m].ty.dtype == DType::Bool {
+                e.line(format!("if (!{mv}) s = -{};", inf(acc)));
+            } else {
+                e.line(format!("s += ({acc}){mv};"));
+            }
+        }
+        e.line("sc[j] = s;");
+        e.line("mx = s > mx ? s : mx;");
+        e.close();
+        e.line("mx = ember_block_reduce(mx, smem, EmberIMax());");
+        e.line(format!("{acc} sum = 0;"));
+        e.open("for (i64 j = threadIdx.x; j < S; j += blockDim.x)");
+        e.line(format!(
+            "const {acc} p = ember_exp(sc[j] - mx); sc[j] = p; sum += p;"
+        ));
+        e.close();
+        // The reduction's barriers also publish every thread's `sc` writes to the block.
+        e.line("sum = ember_block_reduce(sum, smem, EmberSum());");
+        e.open("for (i64 c = threadIdx.x; c < EV; c += blockDim.x)");
+        e.line(format!("{acc} o = 0;"));
+        e.open("for (i64 j = 0; j < S; ++j)");
+        let vv = e.value(v, &at(["j", "c"]))?;
+        e.line(format!("o += sc[j] * ({acc}){vv};"));
+        e.close();
+        e.line(format!("out[row * EV + c] = {};", store(dtype, "o / sum")));
+        e.close();
+        e.line("__syncthreads();");
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: true,
+            scratch: Some(acc),
+        };
+        Ok(self.add(
+            id,
+            body,
+            Launch::Rows {
+                rows: numel(&qs[..r - 1]),
+                width: ks[r - 2].clone(),
+            },
+        ))
+    }
+
+    /// Direct convolution: one thread per output element.
+    fn conv(
+        &mut self,
+        id: usize,
+        stride: &[i64],
+        padding: &[(i64, i64)],
+        dilation: &[i64],
+        groups: i64,
+        has_bias: bool,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("convolution of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let (x, w) = (n.inputs[0], n.inputs[1]);
+        let xs = g.nodes[x].ty.shape.clone();
+        let ws = g.nodes[w].ty.shape.clone();
+        let out = n.ty.shape.clone();
+        let sp = stride.len();
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 n = {};", e.dims.product(&out)));
+        e.line(format!("const i64 og = {} / {groups}LL;", e.dim(&ws[0])));
+        e.line(format!("const i64 cg = {};", e.dim(&ws[1])));
+        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        let oidx = e.unravel("i", &out);
+        let init = if has_bias {
+            let b = e.value(n.inputs[2], &oidx[1..2])?;
+            format!("({acc}){b}")
+        } else {
+            "0".into()
+        };
+        e.line(format!("{acc} a = {init};"));
+        e.line(format!("const i64 grp = {} / og;", oidx[1]));
+        e.open("for (i64 c = 0; c < cg; ++c)");
+        let mut xidx = vec![oidx[0].clone(), "(grp * cg + c)".to_string()];
+        let mut widx = vec![oidx[1].clone(), "c".to_string()];
+        for d in 0..sp {
+            let (kv, pv) = (format!("k{d}"), format!("p{d}"));
+            e.open(format!(
+                "for (i64 {kv} = 0; {kv} < {}; ++{kv})",
+                e.dim(&ws[2 + d])
+            ));
+            e.line(format!(
+                "const i64 {pv} = {} * {}LL - {}LL + {kv} * {}LL;",
+                oidx[2 + d],
+                stride[d],
+                padding[d].0,
+                dilation[d]
+            ));
+            e.line(format!(
+                "if ({pv} < 0 || {pv} >= {}) continue;",
+                e.dim(&xs[2 + d])
+            ));
+            xidx.push(pv);
+            widx.push(kv);
+        }
+        let xv = e.value(x, &xidx)?;
+        let wv = e.value(w, &widx)?;
+        e.line(format!("a += ({acc}){xv} * ({acc}){wv};"));
+        for _ in 0..sp {
+            e.close();
+        }
+        e.close();
+        e.line(format!("out[i] = {};", store(dtype, "a")));
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: false,
+            scratch: None,
+        };
+        Ok(self.add(id, body, Launch::Elements(numel(&out))))
+    }
+
+    fn pool(
+        &mut self,
+        id: usize,
+        kind: PoolKind,
+        kernel: &[i64],
+        stride: &[i64],
+        padding: &[i64],
+        dilation: &[i64],
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("pooling of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let x = n.inputs[0];
+        let xs = g.nodes[x].ty.shape.clone();
+        let out = n.ty.shape.clone();
+        let sp = kernel.len();
+        let lead = out.len() - sp;
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 n = {};", e.dims.product(&out)));
+        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        let oidx = e.unravel("i", &out);
+        e.line(format!(
+            "{acc} mx = -{}; bool nan = false; {acc} sum = 0; i64 cnt = 0;",
+            inf(acc)
+        ));
+        let mut xidx = oidx[..lead].to_vec();
+        for d in 0..sp {
+            let (kv, pv) = (format!("k{d}"), format!("p{d}"));
+            e.open(format!(
+                "for (i64 {kv} = 0; {kv} < {}LL; ++{kv})",
+                kernel[d]
+            ));
+            e.line(format!(
+                "const i64 {pv} = {} * {}LL - {}LL + {kv} * {}LL;",
+                oidx[lead + d],
+                stride[d],
+                padding[d],
+                dilation[d]
+            ));
+            e.line(format!(
+                "if ({pv} < 0 || {pv} >= {}) continue;",
+                e.dim(&xs[lead + d])
+            ));
+            xidx.push(pv);
+        }
+        let v = e.value(x, &xidx)?;
+        e.line(format!("const {acc} t = ({acc}){v};"));
+        e.line("nan |= t != t; mx = t > mx ? t : mx; sum += t; cnt += 1;");
+        for _ in 0..sp {
+            e.close();
+        }
+        let result = match kind {
+            PoolKind::Max => format!(
+                "nan ? ({acc})({}) : mx",
+                if acc == "double" {
+                    "EMBER_NAN64"
+                } else {
+                    "EMBER_NAN"
+                }
+            ),
+            PoolKind::Avg {
+                divisor: Some(d), ..
+            } => format!("sum / ({acc}){d}"),
+            PoolKind::Avg {
+                count_include_pad: true,
+                ..
+            } => {
+                let mut size = Vec::new();
+                for d in 0..sp {
+                    let start =
+                        format!("({} * {}LL - {}LL)", oidx[lead + d], stride[d], padding[d]);
+                    size.push(format!(
+                        "(ember_dmin({start} + {}LL, {} + {}LL) - {start})",
+                        kernel[d],
+                        e.dim(&xs[lead + d]),
+                        padding[d]
+                    ));
+                }
+                format!("sum / ({acc})({})", size.join(" * "))
+            }
+            PoolKind::Avg { .. } => format!("sum / ({acc})cnt"),
+        };
+        e.line(format!("out[i] = {};", store(dtype, &result)));
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: false,
+            scratch: None,
+        };
+        Ok(self.add(id, body, Launch::Elements(numel(&out))))
+    }
+
+    /// Matrix product of dtypes cuBLASLt does not take (integers): one thread per output.
+    fn dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        let acc = accumulate_type(dtype);
+        let (a, b) = (n.inputs[0], n.inputs[1]);
+        let ash = g.nodes[a].ty.shape.clone();
+        let out = n.ty.shape.clone();
+        let r = out.len();
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 n = {};", e.dims.product(&out)));
+        e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
+        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        let oidx = e.unravel("i", &out);
+        e.line(format!("{acc} s = 0;"));
+        e.open("for (i64 k = 0; k < K; ++k)");
+        let mut ai = oidx[..r - 1].to_vec();
+        ai.push("k".into());
+        let mut bi = oidx[..r - 2].to_vec();
+        bi.push("k".into());
+        bi.push(oidx[r - 1].clone());
+        let av = e.value(a, &ai)?;
+        let bv = e.value(b, &bi)?;
+        e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
+        e.close();
+        e.line(format!("out[i] = {};", store(dtype, "s")));
+        e.close();
+        let body = Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative: false,
+            scratch: None,
+        };
+        Ok(self.add(id, body, Launch::Elements(numel(&out))))
+    }
+}

@@ -1,0 +1,402 @@
+//! From an IR graph to a launch plan: which nodes live in memory, the generated kernels
+//! (CUDA C, one translation unit per program), and the ordered steps that run them.
+//!
+//! This part touches no GPU: it is tested on every machine, and its kernels are compiled by
+//! NVRTC in CI (`nvrtc` tests) and run on the host by the emulator (`emulate.rs`).
+
+mod emit;
+mod kernels;
+pub mod types;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use ember_core::dim::Dim;
+use ember_core::dtype::DType;
+use ember_core::ir::{Graph, Op};
+
+pub use emit::DimRender;
+
+pub const PRELUDE: &str = include_str!("prelude.cuh");
+
+/// A node the CUDA code generator cannot handle.
+#[derive(Debug)]
+pub struct CodegenError {
+    pub op: String,
+    pub node: String,
+    pub detail: String,
+}
+
+impl CodegenError {
+    pub fn new(g: &Graph, node: usize, detail: impl std::fmt::Display) -> CodegenError {
+        let n = &g.nodes[node];
+        CodegenError {
+            op: n.op.name(),
+            node: n.origin.to_string(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+impl From<CodegenError> for ember_core::Error {
+    fn from(e: CodegenError) -> Self {
+        ember_core::Error::UnsupportedOp {
+            op: e.op,
+            node: e.node,
+            detail: format!(" on the CUDA backend: {}", e.detail),
+        }
+    }
+}
+
+/// Where a node's value lives while a program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    /// Recomputed inside each consumer's kernel.
+    Inline,
+    /// The caller's input `k`.
+    Input(usize),
+    /// Uploaded once at compile time (weights and constants).
+    Weight,
+    /// Written by a step into the arena (or straight into a caller's output).
+    Buffer,
+}
+
+/// How a kernel is launched, from the dims of one call.
+#[derive(Clone, Debug)]
+pub enum Launch {
+    /// One thread per element, grid-stride over `n`.
+    Elements(Dim),
+    /// One block per row (grid-stride over rows), threads cooperating over `width`.
+    Rows { rows: Dim, width: Dim },
+}
+
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    pub name: String,
+    /// Uses `__syncthreads`: the emulator runs its threads concurrently.
+    pub cooperative: bool,
+}
+
+/// A row-major matrix product over the nodes' memory.
+#[derive(Clone, Debug)]
+pub struct Gemm {
+    pub a: usize,
+    pub b: usize,
+    /// The operand's memory holds its transpose (`[.., K, M]` for `a`).
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub batch: Dim,
+    pub m: Dim,
+    pub n: Dim,
+    pub k: Dim,
+    pub dtype: DType,
+}
+
+#[derive(Clone, Debug)]
+pub enum StepKind {
+    Kernel {
+        kernel: usize,
+        /// Nodes whose memory is passed after `meta` and the output, in signature order.
+        args: Vec<usize>,
+        launch: Launch,
+        /// Per-block scratch floats (attention scores): `rows in flight × this`.
+        scratch_per_block: Option<Dim>,
+    },
+    Gemm(Gemm),
+}
+
+/// Where a step writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dest {
+    Node(usize),
+    Output(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub node: usize,
+    pub dest: Dest,
+    pub kind: StepKind,
+}
+
+pub struct KernelProgram {
+    pub graph: Graph,
+    pub symbols: Vec<Arc<str>>,
+    pub mem: Vec<Mem>,
+    pub kernels: Vec<Kernel>,
+    /// The translation unit holding every kernel (without the prelude).
+    pub source: String,
+    pub steps: Vec<Step>,
+}
+
+impl KernelProgram {
+    /// The full CUDA source NVRTC compiles.
+    pub fn cuda_source(&self) -> String {
+        format!("{PRELUDE}\n{}", self.source)
+    }
+}
+
+/// Ops computed by a kernel of their own (never inlined).
+fn is_heavy(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reduce { .. }
+            | Op::Dot
+            | Op::Softmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Cumsum { .. }
+            | Op::Attention { .. }
+            | Op::Conv { .. }
+            | Op::Pool { .. }
+    )
+}
+
+/// Pure index remaps and constants: free to recompute in every consumer.
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Flip { .. }
+            | Op::Full { .. }
+            | Op::Iota { .. }
+    )
+}
+
+/// Consumers that read each element of an inlined producer only a few times.
+fn inlines_compute(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Dot | Op::Attention { .. } | Op::Conv { .. } | Op::Pool { .. }
+    )
+}
+
+fn dtype_supported(d: DType) -> bool {
+    // Every dtype has a storage and compute type; listed to fail loudly if one is added.
+    matches!(
+        d,
+        DType::Bool
+            | DType::U8
+            | DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::F16
+            | DType::BF16
+            | DType::F32
+            | DType::F64
+    )
+}
+
+fn unsupported(g: &Graph, node: usize, msg: impl std::fmt::Display) -> CodegenError {
+    CodegenError::new(g, node, msg)
+}
+
+/// Every symbol the graph's dims name, sorted (their order in `meta`).
+pub fn collect_symbols(g: &Graph) -> Vec<Arc<str>> {
+    let mut set = BTreeSet::new();
+    let mut buf = Vec::new();
+    let mut visit = |d: &Dim| {
+        buf.clear();
+        d.symbols(&mut buf);
+        set.extend(buf.drain(..));
+    };
+    for n in &g.nodes {
+        n.ty.shape.iter().for_each(&mut visit);
+        match &n.op {
+            Op::Reshape { shape } | Op::Expand { shape } => shape.iter().for_each(&mut visit),
+            Op::Slice { start, end, .. } => {
+                visit(start);
+                visit(end);
+            }
+            _ => {}
+        }
+    }
+    set.into_iter().collect()
+}
+
+/// Is `node` a permute swapping the last two axes (and nothing else)?
+fn swaps_last_two(op: &Op) -> bool {
+    let Op::Permute { perm } = op else {
+        return false;
+    };
+    let r = perm.len();
+    r >= 2
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+}
+
+/// Dtypes cuBLASLt multiplies (others use a generated kernel).
+pub fn gemm_dtype(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+}
+
+pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
+    let g = graph;
+    let count = g.nodes.len();
+    let mut consumers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); count];
+    for (id, n) in g.nodes.iter().enumerate() {
+        if !dtype_supported(n.ty.dtype) {
+            return Err(unsupported(g, id, format!("dtype {}", n.ty.dtype)));
+        }
+        if let Op::Kernel { name, .. } = &n.op {
+            return Err(unsupported(
+                g,
+                id,
+                format!("the CUDA backend has no kernel '{name}'"),
+            ));
+        }
+        for &i in &n.inputs {
+            if i >= id {
+                return Err(unsupported(g, id, "graph is not in topological order"));
+            }
+            consumers[i].insert(id);
+        }
+    }
+    let is_output: Vec<bool> = (0..count).map(|i| g.outputs.contains(&i)).collect();
+
+    // Where values live: sources in memory, heavy ops in buffers, the rest inlined unless
+    // sharing them (or a consumer that reads them many times) makes recomputing a loss.
+    let mut mem = vec![Mem::Inline; count];
+    for (id, n) in g.nodes.iter().enumerate() {
+        mem[id] = match &n.op {
+            Op::Input { index } => Mem::Input(*index),
+            Op::Weight { .. } | Op::Constant(_) => Mem::Weight,
+            op if is_heavy(op) => Mem::Buffer,
+            op if is_view(op) => Mem::Inline,
+            _ => {
+                let cs = &consumers[id];
+                let single = cs.len() == 1
+                    && cs
+                        .iter()
+                        .all(|&c| !is_output[id] && inlines_compute(&g.nodes[c].op));
+                if single {
+                    Mem::Inline
+                } else {
+                    Mem::Buffer
+                }
+            }
+        };
+        if is_output[id] && mem[id] == Mem::Inline {
+            mem[id] = Mem::Buffer;
+        }
+    }
+    // Matrix-product operands must be in memory: directly, through a reshape, or
+    // transposed (cuBLASLt reads them transposed in place).
+    let mut gemm_operands: HashMap<usize, [(usize, bool); 2]> = HashMap::new();
+    for (id, n) in g.nodes.iter().enumerate() {
+        if !matches!(n.op, Op::Dot) || !gemm_dtype(n.ty.dtype) {
+            continue;
+        }
+        let mut ops = [(0, false); 2];
+        for (k, &x) in n.inputs.iter().enumerate() {
+            let resolved = in_memory_through_reshape(g, &mem, x);
+            ops[k] = match resolved {
+                Some(m) => (m, false),
+                None if swaps_last_two(&g.nodes[x].op) => {
+                    let src = g.nodes[x].inputs[0];
+                    match in_memory_through_reshape(g, &mem, src) {
+                        Some(m) => (m, true),
+                        None => {
+                            mem[src] = Mem::Buffer;
+                            (src, true)
+                        }
+                    }
+                }
+                None => {
+                    mem[x] = Mem::Buffer;
+                    (x, false)
+                }
+            };
+        }
+        gemm_operands.insert(id, ops);
+    }
+
+    let symbols = collect_symbols(g);
+    let in_memory: Vec<bool> = mem
+        .iter()
+        .map(|m| matches!(m, Mem::Input(_) | Mem::Weight | Mem::Buffer))
+        .collect();
+
+    let mut gen = kernels::Generator::new(g, &in_memory, &symbols);
+    let mut steps = Vec::new();
+    let mut written_outputs: Vec<bool> = vec![false; g.outputs.len()];
+    let dest_of = |node: usize, written: &mut Vec<bool>| -> Dest {
+        for (k, &o) in g.outputs.iter().enumerate() {
+            if o == node && !written[k] {
+                written[k] = true;
+                return Dest::Output(k);
+            }
+        }
+        Dest::Node(node)
+    };
+    for (id, n) in g.nodes.iter().enumerate() {
+        if mem[id] != Mem::Buffer {
+            continue;
+        }
+        let dest = dest_of(id, &mut written_outputs);
+        let kind = if let Some(&[(a, ta), (b, tb)]) = gemm_operands.get(&id) {
+            let (ash, bsh) = (
+                &g.nodes[n.inputs[0]].ty.shape,
+                &g.nodes[n.inputs[1]].ty.shape,
+            );
+            let r = ash.len();
+            StepKind::Gemm(Gemm {
+                a,
+                b,
+                trans_a: ta,
+                trans_b: tb,
+                batch: ember_core::dim::numel(&ash[..r - 2]),
+                m: ash[r - 2].clone(),
+                k: ash[r - 1].clone(),
+                n: bsh[r - 1].clone(),
+                dtype: n.ty.dtype,
+            })
+        } else {
+            gen.node_kernel(id)?
+        };
+        steps.push(Step {
+            node: id,
+            dest,
+            kind,
+        });
+    }
+    // Outputs not written by their own step (inputs, weights, aliases, repeats) are copied.
+    for (k, &o) in g.outputs.iter().enumerate() {
+        if !written_outputs[k] {
+            let kind = gen.copy_kernel(o)?;
+            steps.push(Step {
+                node: o,
+                dest: Dest::Output(k),
+                kind,
+            });
+        }
+    }
+    let (kernels, source) = gen.finish();
+    Ok(KernelProgram {
+        graph: g.clone(),
+        symbols,
+        mem,
+        kernels,
+        source,
+        steps,
+    })
+}
+
+/// The node in memory that `x` is, directly or through reshapes (which keep a contiguous
+/// layout, so the product reads the same bytes), if any.
+fn in_memory_through_reshape(g: &Graph, mem: &[Mem], mut x: usize) -> Option<usize> {
+    loop {
+        match mem[x] {
+            Mem::Input(_) | Mem::Weight | Mem::Buffer => return Some(x),
+            Mem::Inline => match g.nodes[x].op {
+                Op::Reshape { .. } => x = g.nodes[x].inputs[0],
+                _ => return None,
+            },
+        }
+    }
+}

@@ -1,0 +1,190 @@
+// Ember's kernel prelude: included at the top of every generated translation unit.
+// It compiles under NVRTC (device code) and, with EMBER_HOST defined, under a host C++20
+// compiler, where `host_shim.h` runs each CUDA block on host threads (see emulate.rs).
+// Nothing here includes CUDA headers: NVRTC finds none next to torch's libnvrtc.
+
+#ifndef EMBER_HOST
+#define EMBER_DEV __device__ __forceinline__
+#define EMBER_MEMBER __device__ __forceinline__
+typedef unsigned long long ember_u64;
+#else
+#define EMBER_DEV static inline
+#define EMBER_MEMBER inline
+#endif
+
+typedef long long i64;
+
+// ---- storage conversions for 16-bit floats (computed in f32) ----
+#ifndef EMBER_HOST
+EMBER_DEV float ember_h2f(unsigned short h) {
+    float f;
+    asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h));
+    return f;
+}
+EMBER_DEV unsigned short ember_f2h(float f) {
+    unsigned short h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return h;
+}
+EMBER_DEV float ember_b2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+EMBER_DEV unsigned short ember_f2b(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return (unsigned short)(u >> 16);
+}
+#define EMBER_INF __int_as_float(0x7f800000)
+#define EMBER_NAN __int_as_float(0x7fffffff)
+#define EMBER_INF64 __longlong_as_double(0x7ff0000000000000LL)
+#define EMBER_NAN64 __longlong_as_double(0x7ff8000000000000LL)
+#endif
+
+// ---- math in the compute type (float for f16/bf16/f32, double for f64) ----
+EMBER_DEV float ember_exp(float x) { return expf(x); }
+EMBER_DEV double ember_exp(double x) { return exp(x); }
+EMBER_DEV float ember_log(float x) { return logf(x); }
+EMBER_DEV double ember_log(double x) { return log(x); }
+EMBER_DEV float ember_sqrt(float x) { return sqrtf(x); }
+EMBER_DEV double ember_sqrt(double x) { return sqrt(x); }
+EMBER_DEV float ember_rsqrt(float x) { return 1.0f / sqrtf(x); }
+EMBER_DEV double ember_rsqrt(double x) { return 1.0 / sqrt(x); }
+EMBER_DEV float ember_tanh(float x) { return tanhf(x); }
+EMBER_DEV double ember_tanh(double x) { return tanh(x); }
+EMBER_DEV float ember_erf(float x) { return erff(x); }
+EMBER_DEV double ember_erf(double x) { return erf(x); }
+EMBER_DEV float ember_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+EMBER_DEV double ember_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+EMBER_DEV float ember_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+EMBER_DEV double ember_gelu(double x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752)); }
+EMBER_DEV float ember_gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+EMBER_DEV double ember_gelu_tanh(double x) {
+    return 0.5 * x * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
+}
+template <typename T> EMBER_DEV T ember_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
+template <typename T> EMBER_DEV bool ember_isnan(T x) { return x != x; }
+EMBER_DEV float ember_round(float x) { return rintf(x); }
+EMBER_DEV double ember_round(double x) { return rint(x); }
+// NaN-propagating max/min, as torch's maximum/minimum.
+template <typename T> EMBER_DEV T ember_fmax(T a, T b) { return (a != a || b != b) ? a + b : (b > a ? b : a); }
+template <typename T> EMBER_DEV T ember_fmin(T a, T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
+template <typename T> EMBER_DEV T ember_imax(T a, T b) { return b > a ? b : a; }
+template <typename T> EMBER_DEV T ember_imin(T a, T b) { return b < a ? b : a; }
+// Python-style remainder and floor division.
+EMBER_DEV float ember_frem(float a, float b) { float m = fmodf(a, b); return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m; }
+EMBER_DEV double ember_frem(double a, double b) { double m = fmod(a, b); return (m != 0.0 && ((b < 0.0) != (m < 0.0))) ? m + b : m; }
+EMBER_DEV float ember_ffloordiv(float a, float b) {
+    if (b == 0.0f) return a / b;
+    float m = fmodf(a, b);
+    float d = (a - m) / b;
+    if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) d -= 1.0f;
+    if (d != 0.0f) { float f = floorf(d); if (d - f > 0.5f) f += 1.0f; return f; }
+    return copysignf(0.0f, a / b);
+}
+EMBER_DEV double ember_ffloordiv(double a, double b) {
+    if (b == 0.0) return a / b;
+    double m = fmod(a, b);
+    double d = (a - m) / b;
+    if (m != 0.0 && ((b < 0.0) != (m < 0.0))) d -= 1.0;
+    if (d != 0.0) { double f = floor(d); if (d - f > 0.5) f += 1.0; return f; }
+    return copysign(0.0, a / b);
+}
+template <typename T> EMBER_DEV T ember_idiv(T a, T b) { return b == 0 ? T(0) : T(a / b); }
+template <typename T> EMBER_DEV T ember_ifloordiv(T a, T b) {
+    if (b == 0) return T(0);
+    T q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? T(q - 1) : q;
+}
+template <typename T> EMBER_DEV T ember_irem(T a, T b) {
+    if (b == 0) return T(0);
+    T r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
+}
+template <typename T> EMBER_DEV T ember_ifmod(T a, T b) { return b == 0 ? T(0) : T(a % b); }
+template <typename T> EMBER_DEV T ember_ipow(T base, T e) {
+    if (e < 0) return base == 1 ? T(1) : (base == -1 ? ((e % 2 == 0) ? T(1) : T(-1)) : T(0));
+    T r = 1;
+    while (e > 0) { if (e & 1) r = T(r * base); base = T(base * base); e >>= 1; }
+    return r;
+}
+
+// ---- index arithmetic on dims (Python floor semantics, as `Dim`) ----
+EMBER_DEV i64 ember_dfloordiv(i64 a, i64 b) { i64 q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+EMBER_DEV i64 ember_dmod(i64 a, i64 b) { i64 r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+EMBER_DEV i64 ember_dmin(i64 a, i64 b) { return a < b ? a : b; }
+EMBER_DEV i64 ember_dmax(i64 a, i64 b) { return a > b ? a : b; }
+
+// An index read from a tensor: negative counts from the end; out of range records the
+// failing node in meta[0] (the host raises) and reads element 0 instead.
+EMBER_DEV i64 ember_index(i64* meta, i64 i, i64 n, i64 node) {
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) {
+#ifndef EMBER_HOST
+        atomicCAS((ember_u64*)meta, 0ull, (ember_u64)(node + 1));
+#else
+        i64 expected = 0;
+        __atomic_compare_exchange_n(meta, &expected, node + 1, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+#endif
+        return 0;
+    }
+    return i;
+}
+
+// ---- block-wide reductions (blockDim.x a power of two, at most 1024) ----
+// Every thread of the block must call these; they end with the result in every thread.
+template <typename T, typename F>
+EMBER_DEV T ember_block_reduce(T v, T* smem, F combine) {
+    const unsigned t = threadIdx.x;
+    smem[t] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) smem[t] = combine(smem[t], smem[t + s]);
+        __syncthreads();
+    }
+    T r = smem[0];
+    __syncthreads();
+    return r;
+}
+
+// (value, index) pairs for argmax/argmin: the first extreme wins, NaN counts as extreme.
+// An index of -1 marks "no element yet" and loses to anything.
+template <typename T>
+EMBER_DEV bool ember_arg_better(T a, i64 ia, T b, i64 ib, bool is_max) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    bool an = a != a, bn = b != b;
+    if (an || bn) return an && (!bn || ia < ib);
+    if (a == b) return ia < ib;
+    return is_max ? a > b : a < b;
+}
+template <typename T>
+EMBER_DEV void ember_block_argreduce(T* v, i64* i, T* sv, i64* si, bool is_max) {
+    const unsigned t = threadIdx.x;
+    sv[t] = *v;
+    si[t] = *i;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s && ember_arg_better(sv[t + s], si[t + s], sv[t], si[t], is_max)) {
+            sv[t] = sv[t + s];
+            si[t] = si[t + s];
+        }
+        __syncthreads();
+    }
+    *v = sv[0];
+    *i = si[0];
+    __syncthreads();
+}
+
+struct EmberSum { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return a + b; } };
+struct EmberProd { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return a * b; } };
+struct EmberFMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_fmax(a, b); } };
+struct EmberFMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_fmin(a, b); } };
+struct EmberIMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imax(a, b); } };
+struct EmberIMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imin(a, b); } };
+
+// Compensated (Kahan) accumulation for float sums over long rows.
+template <typename T> struct EmberKahan {
+    T sum, c;
+    EMBER_MEMBER void add(T x) { T y = x - c; T t = sum + y; c = (t - sum) - y; sum = t; }
+};

@@ -1,0 +1,380 @@
+//! The GPU as an executor `Device`: the driver API for memory, modules and launches (on
+//! the primary context, which torch shares), and cuBLASLt for matrix products.
+//!
+//! Everything here needs a GPU; without one, `CudaBackend::compile` fails with a clear error
+//! before any of it runs.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublaslt::{result as lt, sys as ltsys};
+use cudarc::driver::{result as drv, sys};
+use ember_core::dtype::DType;
+use ember_core::{Error, Result};
+
+use crate::codegen::KernelProgram;
+use crate::exec::{Device, DeviceBuffer, GemmCall};
+
+/// cuBLASLt's scratch space (its heuristics pick faster algorithms with some).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Runtime(format!("CUDA {what} failed: {e:?}"))
+}
+
+/// The primary context of GPU 0 and what lives as long as it: one cuBLASLt handle and its
+/// workspace.
+pub struct Gpu {
+    ctx: sys::CUcontext,
+    pub name: String,
+    pub arch: String,
+    blas: ltsys::cublasLtHandle_t,
+    workspace: sys::CUdeviceptr,
+    /// cuBLASLt handles are not safe to use from two threads at once.
+    blas_lock: Mutex<()>,
+}
+
+// SAFETY: the context and handle are process-wide driver objects; their use is serialized
+// where the driver requires it (`blas_lock`), and contexts may be made current anywhere.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// GPU 0, initialized once per process.
+    pub fn get() -> Result<Arc<Gpu>> {
+        static GPU: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
+        GPU.get_or_init(|| {
+            std::panic::catch_unwind(Gpu::open)
+                .unwrap_or_else(|_| {
+                    Err(Error::Runtime(
+                        "the CUDA libraries could not be loaded".into(),
+                    ))
+                })
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(Error::Runtime)
+    }
+
+    fn open() -> Result<Gpu> {
+        let info = crate::driver::gpus()
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Runtime("no usable NVIDIA GPU and driver were found".into()))?;
+        drv::init().map_err(|e| driver_err("init", e))?;
+        let dev = drv::device::get(0).map_err(|e| driver_err("device 0", e))?;
+        // SAFETY: `dev` is a valid device; the primary context is what torch uses too.
+        let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(|e| driver_err("context", e))?;
+        unsafe { drv::ctx::set_current(ctx) }.map_err(|e| driver_err("context", e))?;
+        // SAFETY: `lt` loads libcublasLt; a missing library panics, caught by `get`.
+        if !unsafe { ltsys::is_culib_present() } {
+            return Err(Error::Runtime(
+                "libcublasLt was not found (it comes with the CUDA build of torch)".into(),
+            ));
+        }
+        let blas = lt::create_handle().map_err(|e| driver_err("cublasLtCreate", e))?;
+        let workspace = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
+            .map_err(|e| driver_err("allocation", e))?;
+        Ok(Gpu {
+            ctx,
+            name: info.name,
+            arch: info.arch,
+            blas,
+            workspace,
+            blas_lock: Mutex::new(()),
+        })
+    }
+
+    fn make_current(&self) -> Result<()> {
+        // SAFETY: the context was retained in `open` and is never released.
+        unsafe { drv::ctx::set_current(self.ctx) }.map_err(|e| driver_err("context", e))
+    }
+}
+
+struct GpuBuffer {
+    ptr: sys::CUdeviceptr,
+    gpu: Arc<Gpu>,
+}
+
+impl DeviceBuffer for GpuBuffer {
+    fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if self.gpu.make_current().is_ok() {
+            // SAFETY: allocated by `malloc_sync`, freed once; the stream work using it was
+            // synchronized by the run that owned it.
+            let _ = unsafe { drv::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A loaded program module on the GPU.
+pub struct CudaDevice {
+    gpu: Arc<Gpu>,
+    module: sys::CUmodule,
+    functions: Vec<sys::CUfunction>,
+    /// The stream this run launches on (torch's current stream; 0 is the legacy default).
+    stream: AtomicU64,
+}
+
+// SAFETY: module and function handles are immutable driver objects usable from any thread
+// once the context is current.
+unsafe impl Send for CudaDevice {}
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    pub fn new(gpu: Arc<Gpu>, kp: &KernelProgram) -> Result<CudaDevice> {
+        let cubin = crate::nvrtc::compile(&kp.cuda_source(), &gpu.arch)?;
+        gpu.make_current()?;
+        // SAFETY: a CUBIN NVRTC produced for this device's architecture.
+        let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(|e| driver_err("module load", e))?;
+        let mut functions = Vec::new();
+        for k in &kp.kernels {
+            let name = std::ffi::CString::new(k.name.as_str())
+                .map_err(|_| Error::Compile("kernel name holds a NUL byte".into()))?;
+            // SAFETY: `module` is loaded; the name is a kernel it defines.
+            let f = unsafe { drv::module::get_function(module, name) }
+                .map_err(|e| driver_err(&format!("kernel {}", k.name), e))?;
+            functions.push(f);
+        }
+        Ok(CudaDevice {
+            gpu,
+            module,
+            functions,
+            stream: AtomicU64::new(0),
+        })
+    }
+
+    fn stream(&self) -> sys::CUstream {
+        self.stream.load(Ordering::Relaxed) as sys::CUstream
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.gpu.make_current().is_ok() {
+            // SAFETY: loaded in `new`, unloaded once; no launch is in flight after a run.
+            let _ = unsafe { drv::module::unload(self.module) };
+        }
+    }
+}
+
+fn data_type(d: DType) -> Result<ltsys::cudaDataType> {
+    Ok(match d {
+        DType::F32 => ltsys::cudaDataType::CUDA_R_32F,
+        DType::F64 => ltsys::cudaDataType::CUDA_R_64F,
+        DType::F16 => ltsys::cudaDataType::CUDA_R_16F,
+        DType::BF16 => ltsys::cudaDataType::CUDA_R_16BF,
+        other => return Err(Error::Runtime(format!("cuBLASLt has no {other} matmul"))),
+    })
+}
+
+/// A column-major layout `rows × cols` (leading dimension `ld`), `batch` of them `stride`
+/// elements apart.
+fn layout(
+    t: ltsys::cudaDataType,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    batch: usize,
+    stride: usize,
+) -> Result<ltsys::cublasLtMatrixLayout_t> {
+    let l = lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)
+        .map_err(|e| driver_err("matrix layout", e))?;
+    let count = batch as i32;
+    let offset = stride as i64;
+    // SAFETY: attribute buffers of the documented types and sizes.
+    unsafe {
+        lt::set_matrix_layout_attribute(
+            l,
+            ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            &count as *const i32 as *const c_void,
+            4,
+        )
+        .map_err(|e| driver_err("matrix layout", e))?;
+        lt::set_matrix_layout_attribute(
+            l,
+            ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            &offset as *const i64 as *const c_void,
+            8,
+        )
+        .map_err(|e| driver_err("matrix layout", e))?;
+    }
+    Ok(l)
+}
+
+impl Device for CudaDevice {
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
+        self.gpu.make_current()?;
+        // SAFETY: a plain allocation, freed by `GpuBuffer::drop`.
+        let ptr = unsafe { drv::malloc_sync(bytes.max(1)) }
+            .map_err(|e| driver_err(&format!("allocation of {bytes} bytes"), e))?;
+        Ok(Box::new(GpuBuffer {
+            ptr,
+            gpu: self.gpu.clone(),
+        }))
+    }
+
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.gpu.make_current()?;
+        // SAFETY: `dst` is device memory of at least `src.len()` bytes; the copy completes
+        // before we return (stream synchronized), so `src` may be freed after.
+        unsafe {
+            drv::memcpy_htod_async(dst, src, self.stream()).map_err(|e| driver_err("upload", e))?;
+            drv::stream::synchronize(self.stream()).map_err(|e| driver_err("upload", e))
+        }
+    }
+
+    fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        self.gpu.make_current()?;
+        // SAFETY: `src` is device memory of at least `dst.len()` bytes.
+        unsafe {
+            drv::memcpy_dtoh_async(dst, src, self.stream())
+                .map_err(|e| driver_err("download", e))?;
+            drv::stream::synchronize(self.stream()).map_err(|e| driver_err("download", e))
+        }
+    }
+
+    fn launch(&self, kernel: usize, grid: u32, block: u32, args: &[u64]) -> Result<()> {
+        let mut values = args.to_vec();
+        let mut params: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: every kernel parameter is a 64-bit pointer, passed in signature order.
+        unsafe {
+            drv::launch_kernel(
+                self.functions[kernel],
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                self.stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_err("kernel launch", e))
+    }
+
+    fn gemm(&self, c: &GemmCall) -> Result<()> {
+        self.gpu.make_current()?;
+        let _one_at_a_time = self.gpu.blas_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let t = data_type(c.dtype)?;
+        let (compute, scale) = if c.dtype == DType::F64 {
+            (
+                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+                ltsys::cudaDataType::CUDA_R_64F,
+            )
+        } else {
+            // f32 accumulation; TF32 is never used without the user's consent.
+            (
+                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                ltsys::cudaDataType::CUDA_R_32F,
+            )
+        };
+        // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLASLt's "A" is our B.
+        let (m, n, k) = (c.m, c.n, c.k);
+        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| driver_err("matmul", e))?;
+        let op = |transposed: bool| -> i32 { transposed as i32 };
+        let (ta, tb) = (op(c.trans_b), op(c.trans_a));
+        let la = if c.trans_b {
+            layout(t, k, n, k, c.batch, n * k)?
+        } else {
+            layout(t, n, k, n, c.batch, n * k)?
+        };
+        let lb = if c.trans_a {
+            layout(t, m, k, m, c.batch, m * k)?
+        } else {
+            layout(t, k, m, k, c.batch, m * k)?
+        };
+        let lc = layout(t, n, m, n, c.batch, m * n)?;
+        let result = (|| -> Result<()> {
+            // SAFETY: descriptors created above; attribute buffers of the documented types;
+            // device pointers from the executor, sized by the plan.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &ta as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                    &tb as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                let pref = lt::create_matmul_pref().map_err(|e| driver_err("matmul", e))?;
+                let ws = WORKSPACE_BYTES;
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const usize as *const c_void,
+                    std::mem::size_of::<usize>(),
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                let heuristic =
+                    lt::get_matmul_algo_heuristic(self.gpu.blas, desc, la, lb, lc, lc, pref);
+                let _ = lt::destroy_matmul_pref(pref);
+                let heuristic = heuristic.map_err(|e| {
+                    driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e)
+                })?;
+                let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+                let (alpha, beta): (*const c_void, *const c_void) = if c.dtype == DType::F64 {
+                    (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+                } else {
+                    (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+                };
+                lt::matmul(
+                    self.gpu.blas,
+                    desc,
+                    alpha,
+                    beta,
+                    c.b as *const c_void,
+                    la,
+                    c.a as *const c_void,
+                    lb,
+                    c.c as *const c_void,
+                    lc,
+                    c.c as *mut c_void,
+                    lc,
+                    &heuristic.algo,
+                    self.gpu.workspace as *mut c_void,
+                    WORKSPACE_BYTES,
+                    self.stream() as ltsys::cudaStream_t,
+                )
+                .map_err(|e| driver_err("matmul", e))
+            }
+        })();
+        // SAFETY: each descriptor is destroyed once, after its last use.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(la);
+            let _ = lt::destroy_matrix_layout(lb);
+            let _ = lt::destroy_matrix_layout(lc);
+            let _ = lt::destroy_matmul_desc(desc);
+        }
+        result
+    }
+
+    fn launch_limits(&self, _cooperative: bool) -> (u32, u32) {
+        (256, 65535)
+    }
+
+    fn set_stream(&self, stream: u64) {
+        self.stream.store(stream, Ordering::Relaxed);
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.make_current()?;
+        // SAFETY: a live stream handle (torch's, or the legacy default).
+        unsafe { drv::stream::synchronize(self.stream()) }.map_err(|e| driver_err("synchronize", e))
+    }
+}

@@ -1,0 +1,295 @@
+//! Runs generated CUDA kernels on the host, so that what they compute is tested on machines
+//! without a GPU: the translation unit is compiled by the host C++ compiler with a shim that
+//! maps the CUDA built-ins onto threads (a block's threads run concurrently when the kernel
+//! synchronizes, one after another otherwise), and `gemm` is a plain host loop.
+//!
+//! This checks indexing, fusion, reductions and the executor; it cannot check what only a
+//! GPU does (cuBLASLt, warp timing, the driver), which the `cuda` tests cover.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ember_core::dtype::DType;
+use ember_core::{Error, Result};
+
+use crate::codegen::KernelProgram;
+use crate::exec::{Device, DeviceBuffer, GemmCall};
+
+const HOST_SHIM: &str = r#"
+#define EMBER_HOST 1
+#include <math.h>
+#include <cmath>
+#include <cstring>
+#include <barrier>
+#include <thread>
+#include <utility>
+#include <vector>
+struct ember_dim3 { unsigned x, y, z; };
+static thread_local ember_dim3 threadIdx;
+static ember_dim3 blockIdx, blockDim, gridDim;
+static thread_local std::barrier<>* ember_barrier;
+#define __global__
+#define __shared__ static
+#define __restrict__ __restrict
+#define __syncthreads() ember_barrier->arrive_and_wait()
+#define EMBER_INF (__builtin_inff())
+#define EMBER_NAN (__builtin_nanf(""))
+#define EMBER_INF64 (__builtin_inf())
+#define EMBER_NAN64 (__builtin_nan(""))
+static inline float ember_bits_f(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned ember_f_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float ember_h2f(unsigned short h) {
+    unsigned s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return ember_bits_f(s | 0x7f800000u | (m << 13));
+    if (e == 0) { float v = std::ldexp((float)m, -24); return s ? -v : v; }
+    return ember_bits_f(s | ((e + 112) << 23) | (m << 13));
+}
+static inline unsigned short ember_f2h(float f) {
+    unsigned u = ember_f_bits(f), s = (u >> 16) & 0x8000u;
+    float a = std::fabs(f);
+    if (a != a) return (unsigned short)(s | 0x7e00u);
+    if (a >= 65520.0f) return (unsigned short)(s | 0x7c00u);
+    if (a < 6.103515625e-05f) return (unsigned short)(s | (unsigned)std::nearbyint(a * 16777216.0f));
+    unsigned v = ember_f_bits(a), e = (v >> 23) - 112, m = v & 0x7fffffu;
+    unsigned r = (e << 10) | (m >> 13), rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) r += 1;
+    return (unsigned short)(s | r);
+}
+static inline float ember_b2f(unsigned short b) { return ember_bits_f(((unsigned)b) << 16); }
+static inline unsigned short ember_f2b(float f) {
+    unsigned u = ember_f_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+template <typename... P, std::size_t... I>
+static void ember_call_impl(void (*k)(P...), void** a, std::index_sequence<I...>) { k(*(P*)a[I]...); }
+template <typename... P>
+static void ember_call(void (*k)(P...), void** a) { ember_call_impl(k, a, std::index_sequence_for<P...>{}); }
+template <typename F>
+static void ember_run(unsigned grid, unsigned block, bool cooperative, F f) {
+    gridDim = {grid, 1, 1};
+    blockDim = {block, 1, 1};
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx = {b, 0, 0};
+        if (!cooperative) {
+            for (unsigned t = 0; t < block; ++t) { threadIdx = {t, 0, 0}; f(); }
+            continue;
+        }
+        std::barrier<> bar(block);
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < block; ++t)
+            threads.emplace_back([&, t] { threadIdx = {t, 0, 0}; ember_barrier = &bar; f(); });
+        for (auto& th : threads) th.join();
+    }
+}
+"#;
+
+/// A compiled host module, cached by source (in memory, and on disk across processes).
+struct HostModule {
+    lib: libloading::Library,
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("EMBER_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join("emulated-kernels")
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn host_source(kp: &KernelProgram) -> String {
+    let mut src = format!("{HOST_SHIM}\n{}\n{}\n", crate::codegen::PRELUDE, kp.source);
+    for k in &kp.kernels {
+        src.push_str(&format!(
+            "extern \"C\" void launch_{0}(unsigned grid, unsigned block, void** args) {{\n    ember_run(grid, block, {1}, [&] {{ ember_call({0}, args); }});\n}}\n",
+            k.name, k.cooperative
+        ));
+    }
+    src
+}
+
+fn compile(source: &str) -> Result<Arc<HostModule>> {
+    static MODULES: OnceLock<Mutex<HashMap<u64, Arc<HostModule>>>> = OnceLock::new();
+    let key = fnv(source);
+    let modules = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(m) = modules.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(m.clone());
+    }
+    let dir = cache_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Compile(format!("{}: {e}", dir.display())))?;
+    let lib_path = dir.join(format!("k{key:016x}.so"));
+    if !lib_path.exists() {
+        let tag = format!("{key:016x}-{}", std::process::id());
+        let src_path = dir.join(format!("k{tag}.cpp"));
+        let tmp_lib = dir.join(format!("k{tag}.so"));
+        std::fs::write(&src_path, source).map_err(|e| Error::Compile(e.to_string()))?;
+        let out = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-w",
+                "-o",
+            ])
+            .arg(&tmp_lib)
+            .arg(&src_path)
+            .output()
+            .map_err(|e| Error::Compile(format!("cannot run the host C++ compiler: {e}")))?;
+        let _ = std::fs::remove_file(&src_path);
+        if !out.status.success() {
+            return Err(Error::Compile(format!(
+                "the emulated kernels do not compile:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        std::fs::rename(&tmp_lib, &lib_path).map_err(|e| Error::Compile(e.to_string()))?;
+    }
+    // SAFETY: the library is ours, built just now (or earlier) from generated source.
+    let lib = unsafe { libloading::Library::new(&lib_path) }
+        .map_err(|e| Error::Compile(format!("cannot load {}: {e}", lib_path.display())))?;
+    let m = Arc::new(HostModule { lib });
+    modules
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, m.clone());
+    Ok(m)
+}
+
+struct HostBuffer(Vec<u64>);
+
+impl DeviceBuffer for HostBuffer {
+    fn addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+}
+
+type LaunchFn = unsafe extern "C" fn(u32, u32, *mut *mut std::ffi::c_void);
+
+/// The host standing in for a GPU.
+pub struct EmulatedDevice {
+    _module: Arc<HostModule>,
+    launchers: Vec<LaunchFn>,
+    /// Launch like the GPU does (256 threads a block, as many blocks as the work has) when
+    /// `EMBER_EMULATE_GPU_LAUNCHES=1`: slower, but it checks the kernels at the GPU's sizes.
+    gpu_launches: bool,
+}
+
+impl EmulatedDevice {
+    pub fn new(kp: &KernelProgram) -> Result<Self> {
+        let module = compile(&host_source(kp))?;
+        let mut launchers = Vec::new();
+        for k in &kp.kernels {
+            let name = format!("launch_{}", k.name);
+            // SAFETY: every kernel has a generated launcher of this signature.
+            let f: libloading::Symbol<LaunchFn> = unsafe { module.lib.get(name.as_bytes()) }
+                .map_err(|e| Error::Compile(format!("{name}: {e}")))?;
+            launchers.push(*f);
+        }
+        Ok(EmulatedDevice {
+            _module: module,
+            launchers,
+            gpu_launches: std::env::var("EMBER_EMULATE_GPU_LAUNCHES").is_ok_and(|v| v == "1"),
+        })
+    }
+}
+
+fn read_f(dtype: DType, base: u64, i: usize) -> f64 {
+    // SAFETY (callers): `base` addresses a live buffer holding element `i` of `dtype`.
+    unsafe {
+        match dtype {
+            DType::F32 => *(base as *const f32).add(i) as f64,
+            DType::F64 => *(base as *const f64).add(i),
+            DType::F16 => half::f16::from_bits(*(base as *const u16).add(i)).to_f64(),
+            _ => half::bf16::from_bits(*(base as *const u16).add(i)).to_f64(),
+        }
+    }
+}
+
+fn write_f(dtype: DType, base: u64, i: usize, v: f64) {
+    // SAFETY (callers): `base` addresses a live buffer with room for element `i`.
+    unsafe {
+        match dtype {
+            DType::F32 => *(base as *mut f32).add(i) = v as f32,
+            DType::F64 => *(base as *mut f64).add(i) = v,
+            DType::F16 => *(base as *mut u16).add(i) = half::f16::from_f64(v).to_bits(),
+            _ => *(base as *mut u16).add(i) = half::bf16::from_f64(v).to_bits(),
+        }
+    }
+}
+
+impl Device for EmulatedDevice {
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
+        Ok(Box::new(HostBuffer(vec![0u64; bytes.div_ceil(8)])))
+    }
+
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: `dst` is one of our buffers, at least `src.len()` bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn download(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `src` is one of our buffers, at least `dst.len()` bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn launch(&self, kernel: usize, grid: u32, block: u32, args: &[u64]) -> Result<()> {
+        let mut values: Vec<u64> = args.to_vec();
+        let mut ptrs: Vec<*mut std::ffi::c_void> = values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: the launcher unpacks exactly the kernel's parameters from `ptrs`.
+        unsafe { (self.launchers[kernel])(grid, block, ptrs.as_mut_ptr()) };
+        Ok(())
+    }
+
+    fn gemm(&self, c: &GemmCall) -> Result<()> {
+        let (m, n, k) = (c.m, c.n, c.k);
+        for b in 0..c.batch {
+            let (ab, bb, cb) = (b * m * k, b * k * n, b * m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0f64;
+                    for p in 0..k {
+                        let ai = if c.trans_a { p * m + i } else { i * k + p };
+                        let bi = if c.trans_b { j * k + p } else { p * n + j };
+                        s += read_f(c.dtype, c.a, ab + ai) * read_f(c.dtype, c.b, bb + bi);
+                    }
+                    write_f(c.dtype, c.c, cb + i * n + j, s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch_limits(&self, cooperative: bool) -> (u32, u32) {
+        if self.gpu_launches {
+            return (256, 65535);
+        }
+        // Few blocks, so the grid-stride loops are exercised and threads stay cheap.
+        if cooperative {
+            (32, 4)
+        } else {
+            (64, 4)
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}

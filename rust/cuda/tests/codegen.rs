@@ -1,0 +1,180 @@
+//! What the CUDA code generator decides, checked without a GPU: which nodes get memory,
+//! which steps run, what the kernels read. (What the kernels compute is checked by the
+//! Python op tests on the emulator, and their CUDA dialect by the `nvrtc` tests.)
+
+use ember_core::dim::Dim;
+use ember_core::dtype::DType;
+use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
+use ember_cuda::codegen::{generate, Mem, StepKind};
+
+fn input(g: &mut Graph, index: usize, dtype: DType, shape: Vec<Dim>) -> ValueId {
+    g.add_source(
+        Op::Input { index },
+        TensorType::new(dtype, shape),
+        &format!("in{index}"),
+    )
+    .unwrap()
+}
+
+fn dims(shape: &[usize]) -> Vec<Dim> {
+    shape.iter().map(|&d| Dim::from(d)).collect()
+}
+
+fn weight(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
+    g.add_source(
+        Op::Weight { name: name.into() },
+        TensorType::new(DType::F32, dims(shape)),
+        name,
+    )
+    .unwrap()
+}
+
+#[test]
+fn linear_layer_is_one_gemm_reading_the_weight_transposed_then_one_bias_kernel() {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[4, 8]));
+    let w = weight(&mut g, "w", &[16, 8]);
+    let b = weight(&mut g, "b", &[16]);
+    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+    let y = g.add(Op::Dot, &[x, wt], "mm").unwrap();
+    let b1 = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 16]),
+            },
+            &[b],
+            "b1",
+        )
+        .unwrap();
+    let bb = g
+        .add(
+            Op::Expand {
+                shape: dims(&[4, 16]),
+            },
+            &[b1],
+            "bb",
+        )
+        .unwrap();
+    let out = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "add").unwrap();
+    g.outputs = vec![out];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 2, "{:?}", kp.steps);
+    let StepKind::Gemm(gm) = &kp.steps[0].kind else {
+        panic!("first step is not a gemm: {:?}", kp.steps[0]);
+    };
+    assert_eq!((gm.a, gm.b, gm.trans_a, gm.trans_b), (x, w, false, true));
+    assert_eq!(
+        kp.mem[wt],
+        Mem::Inline,
+        "the transpose is never materialized"
+    );
+    assert_eq!(
+        kp.mem[bb],
+        Mem::Inline,
+        "the broadcast bias is read in place"
+    );
+    assert_eq!(kp.kernels.len(), 1);
+}
+
+#[test]
+fn views_and_elementwise_chains_fuse_into_one_kernel_without_copies() {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[2, 3, 4]));
+    let p = g
+        .add(
+            Op::Permute {
+                perm: vec![2, 0, 1],
+            },
+            &[x],
+            "p",
+        )
+        .unwrap();
+    let r = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[4, 6]),
+            },
+            &[p],
+            "r",
+        )
+        .unwrap();
+    let e = g.add(Op::Unary(UnaryOp::Exp), &[r], "e").unwrap();
+    let t = g.add(Op::Unary(UnaryOp::Tanh), &[e], "t").unwrap();
+    g.outputs = vec![t];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 1);
+    assert_eq!(kp.kernels.len(), 1);
+    for n in [p, r, e] {
+        assert_eq!(kp.mem[n], Mem::Inline);
+    }
+    assert!(kp.source.contains("ember_exp(") && kp.source.contains("ember_tanh("));
+}
+
+#[test]
+fn shared_intermediates_are_materialized_once() {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[8]));
+    let e = g.add(Op::Unary(UnaryOp::Exp), &[x], "e").unwrap();
+    let a = g.add(Op::Unary(UnaryOp::Sin), &[e], "a").unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Cos), &[e], "b").unwrap();
+    g.outputs = vec![a, b];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.mem[e], Mem::Buffer);
+    assert_eq!(kp.steps.len(), 3);
+}
+
+#[test]
+fn symbolic_dims_are_read_from_meta_so_kernels_do_not_depend_on_sizes() {
+    let mut g = Graph::new();
+    let s = Dim::sym("s0");
+    let x = input(&mut g, 0, DType::F32, vec![s.clone(), Dim::from(32usize)]);
+    let y = g
+        .add(
+            Op::Softmax {
+                axis: 1,
+                log: false,
+            },
+            &[x],
+            "softmax",
+        )
+        .unwrap();
+    g.outputs = vec![y];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.symbols.len(), 1);
+    assert!(kp.source.contains("meta[1]"), "{}", kp.source);
+    assert!(kp.kernels[0].cooperative);
+}
+
+#[test]
+fn identical_kernels_are_generated_once() {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[16]));
+    let y = input(&mut g, 1, DType::F32, dims(&[16]));
+    let a = g.add(Op::Unary(UnaryOp::Relu), &[x], "a").unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Relu), &[y], "b").unwrap();
+    g.outputs = vec![a, b];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 2);
+    assert_eq!(kp.kernels.len(), 1);
+}
+
+#[test]
+fn another_backends_kernel_choice_is_refused_naming_the_node() {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[2, 3]));
+    let y = input(&mut g, 1, DType::F32, dims(&[3, 2]));
+    let d = g
+        .add(
+            Op::Kernel {
+                name: "cpu.rowwise".into(),
+                base: Box::new(Op::Dot),
+            },
+            &[x, y],
+            "mm",
+        )
+        .unwrap();
+    g.outputs = vec![d];
+    let err = ember_core::Error::from(generate(&g).err().expect("refused"));
+    let msg = err.to_string();
+    assert!(msg.contains("cpu.rowwise") && msg.contains("'mm'"), "{msg}");
+}

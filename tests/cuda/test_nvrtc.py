@@ -1,0 +1,126 @@
+"""The CUDA code generator without a GPU: every kernel the test models generate compiles
+under NVRTC (torch's libnvrtc) for real architectures, and the same kernels, run on the host
+by the emulator, match eager PyTorch."""
+
+from __future__ import annotations
+
+import ember
+import pytest
+import torch
+from conftest import check, rand
+from ember import _core, cuda
+from ember.export import export_program, save_bytes
+from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, MobileNet, ResNet, llama_cache
+
+SMALL = LlamaConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64, max_seq=32)
+
+pytestmark = pytest.mark.skipif(not cuda.cuda_built(), reason="built without the CUDA backend")
+
+
+def _ops_model(dtype: torch.dtype):
+    def fn(x, idx):
+        y = torch.nn.functional.layer_norm(x, x.shape[-1:]) * 2 + 1
+        s = torch.softmax(y, dim=-1).log_softmax(dim=0)
+        g = torch.gather(x, 1, idx)
+        c = torch.cat([x.flip(0), x[:, ::2]], dim=1)
+        m = x.amax(dim=1), x.argmin(dim=0), x.cumsum(dim=1)
+        return s, g, c, m, torch.nn.functional.pad(x, (1, 2)).sum(), x.to(dtype).exp()
+
+    return fn
+
+
+def _models() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
+    torch.manual_seed(0)
+    step = LlamaDecodeStep(Llama(SMALL)).eval()
+    return [
+        ("mlp", MLP((16, 32, 32, 8)).eval(), [rand(4, 16)]),
+        ("llama", Llama(SMALL).eval(), [torch.randint(0, SMALL.vocab, (2, 9))]),
+        (
+            "decode",
+            step,
+            [torch.randint(0, SMALL.vocab, (1, 1)), *llama_cache(SMALL, 1, 4)],
+        ),
+        ("resnet", ResNet(widths=(8, 16), classes=5).eval(), [rand(1, 3, 16, 16)]),
+        ("mobilenet", MobileNet(classes=5).eval(), [rand(1, 3, 16, 16)]),
+    ]
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _sources() -> dict[str, dict]:
+    out = {}
+    cases = _models() + [
+        (
+            f"ops_{dt}",
+            _Fn(_ops_model(dt)),
+            [rand(5, 7), torch.randint(0, 7, (5, 4))],
+        )
+        for dt in (torch.float16, torch.bfloat16, torch.float64)
+    ]
+    for name, model, args in cases:
+        ep = export_program(model, args)
+        program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+        out[name] = cuda.generated_source(program)
+    return out
+
+
+@pytest.mark.nvrtc
+def test_every_generated_kernel_compiles_with_nvrtc():
+    if cuda.nvrtc_version() is None:
+        pytest.skip("libnvrtc not found (install the CUDA build of torch)")
+    sources = _sources()
+    distinct = set()
+    for name, gen in sources.items():
+        for arch in ("sm_80", "sm_90"):
+            size = cuda.nvrtc_compile(gen["source"], arch)
+            assert size > 0, f"{name}: empty CUBIN for {arch}"
+        distinct |= {(name, k) for k in gen["kernels"]}
+        # Each kernel is defined once in its translation unit.
+        for k in gen["kernels"]:
+            assert gen["source"].count(f" {k}(") == 1, f"{name}: kernel {k} defined twice"
+    assert len(distinct) >= 10, f"only {len(distinct)} kernels generated"
+
+
+@pytest.mark.nvrtc
+def test_nvrtc_reports_compile_errors_clearly():
+    if cuda.nvrtc_version() is None:
+        pytest.skip("libnvrtc not found")
+    with pytest.raises(_core.CompileError, match="NVRTC could not compile"):
+        cuda.nvrtc_compile('extern "C" __global__ void k() { undeclared_thing(); }', "sm_90")
+
+
+@pytest.mark.parametrize("name", ["mlp", "llama", "decode", "resnet", "mobilenet"])
+def test_models_match_eager_on_the_emulated_cuda_kernels(name):
+    (model, args) = {n: (m, a) for n, m, a in _models()}[name]
+    check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
+
+
+def test_out_of_range_index_on_the_generated_kernels_raises_naming_the_node():
+    emb = torch.nn.Embedding(10, 4).eval()
+    compiled = torch.compile(emb, backend="ember", options={"backend": "cuda-emu"})
+    ok = torch.tensor([[1, 9, 0]])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ok), emb(ok))
+        with pytest.raises(ember.EmberRuntimeError, match="index out of range in"):
+            compiled(torch.tensor([[1, 10, 2]]))
+
+
+def test_kernels_at_the_gpus_launch_sizes(monkeypatch):
+    """The emulator normally launches few, narrow blocks; here it launches as the GPU does
+    (256 threads a block, a block per row), for the cooperative kernels."""
+    monkeypatch.setenv("EMBER_EMULATE_GPU_LAUNCHES", "1")
+
+    def fn(x, q, k, v):
+        a = torch.softmax(x, dim=-1) + torch.nn.functional.layer_norm(x, x.shape[-1:])
+        b = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a, x.sum(dim=0), x.argmax(dim=1), b
+
+    args = [rand(3, 300), rand(1, 2, 5, 8), rand(1, 2, 5, 8), rand(1, 2, 5, 8)]
+    check(fn, args, "cuda-emu", rtol=1e-4, atol=1e-4)
