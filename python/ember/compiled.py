@@ -205,7 +205,18 @@ class CompiledModel:
                 f"({', '.join(self.input_names)}), got {len(inputs)}"
             )
         if self._device == "cuda":
-            return self._run_cuda(inputs)
+            outs = self._run_cuda(inputs)
+        else:
+            outs = self._run_cpu(inputs)
+        if not self._mutations:
+            return outs
+        # In-place updates the program makes (a cache written at new positions) land in the
+        # caller's tensors, as in eager.
+        for i, target in self._mutations:
+            (inputs[target] if isinstance(target, int) else target).copy_(outs[i])
+        return [outs[i] for i in self._user_outputs]
+
+    def _run_cpu(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         views = []
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
@@ -223,13 +234,7 @@ class CompiledModel:
         self._exe.run(
             views, [(o.data_ptr(), n, s) for o, n, s in zip(outs, names, shapes, strict=True)]
         )
-        if not self._mutations:
-            return outs
-        # In-place updates the program makes (a cache written at new positions) land in the
-        # caller's tensors, as in eager.
-        for i, target in self._mutations:
-            (inputs[target] if isinstance(target, int) else target).copy_(outs[i])
-        return [outs[i] for i in self._user_outputs]
+        return outs
 
     def _run_cuda(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Zero-copy on torch CUDA tensors: outputs come from torch's caching allocator and

@@ -4,7 +4,7 @@ import ember
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check, rand
+from conftest import check, host_options, rand
 from ember.backend import programs_compiled
 
 
@@ -78,9 +78,7 @@ def test_index_with_several_index_tensors(backend):
 
 def test_index_with_several_index_tensors_out_of_range_raises(backend):
     """An index past its own dim is an error, even where the flattened position exists."""
-    fn = torch.compile(
-        lambda x, i, j: x[i, j], backend="ember", options={"backend": backend, "fallback": "error"}
-    )
+    fn = torch.compile(lambda x, i, j: x[i, j], backend="ember", options=host_options(backend))
     x = rand(4, 5)
     with pytest.raises(ember.EmberError):
         fn(x, torch.tensor([1]), torch.tensor([5]))
@@ -101,9 +99,7 @@ def test_arange_with_symbolic_bounds(backend):
             torch.arange(n + 5) * x.mean(),
         )
 
-    compiled = torch.compile(
-        fn, backend="ember", dynamic=True, options={"backend": backend, "fallback": "error"}
-    )
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options=host_options(backend))
     before = programs_compiled()
     with torch.no_grad():
         # No result of length 0 or 1: Dynamo would guard on (and recompile for) those.
@@ -119,9 +115,7 @@ def test_size_as_a_tensor_operand(backend):
     def fn(x):
         return x * x.shape[-1] + x.shape[0], (x > 0).long() + x.shape[1]
 
-    compiled = torch.compile(
-        fn, backend="ember", dynamic=True, options={"backend": backend, "fallback": "error"}
-    )
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options=host_options(backend))
     before = programs_compiled()
     with torch.no_grad():
         for shape in ((2, 3), (5, 4), (3, 7)):

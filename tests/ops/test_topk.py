@@ -3,7 +3,7 @@
 import ember
 import pytest
 import torch
-from conftest import check, rand
+from conftest import check, host_options, rand
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_topk_with_nan_and_infinities(backend):
             [4.0, 4.0, float("inf"), -1.0, 4.0],
         ]
     )
-    options = {"backend": backend, "fallback": "error"}
+    options = host_options(backend)
     fn = torch.compile(lambda x: torch.topk(x, 4), backend="ember", options=options)
     with torch.no_grad():
         values, indices = fn(x)
