@@ -103,3 +103,22 @@ def test_in_place_updates_of_inputs_and_buffers_are_written_back():
                 torch.testing.assert_close(got, want)
                 torch.testing.assert_close(ours, theirs)
         assert int(model.steps) == int(reference.steps) == 4, compile_with
+
+
+def test_graph_returning_the_size_of_an_intermediate():
+    """A returned size of a tensor the graph computes (Dynamo writes it in terms of the
+    input's size) comes back as a Python int, with one symbolic program."""
+
+    def fn(x):
+        y = torch.cat([x, x * 2], dim=0)
+        return y.softmax(0), y.shape[0] + 1
+
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options={"fallback": "error"})
+    before = programs_compiled()
+    with torch.no_grad():
+        for rows in (3, 5, 9):
+            x = rand(rows, 4)
+            got, want = compiled(x), fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1] == want[1] and isinstance(got[1], int)
+    assert programs_compiled() - before == 1
