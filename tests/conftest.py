@@ -115,6 +115,14 @@ def check(
     return compiled
 
 
+def host_options(backend: str) -> dict[str, Any]:
+    """Options for a test that drives torch.compile itself on cpu tensors (sizes, errors);
+    `check` runs the same ops on the GPU, so such a test skips the "cuda" backend."""
+    if backend == "cuda":
+        pytest.skip("a host-tensor test; check() covers this op on cuda")
+    return {"backend": backend, "fallback": "error"}
+
+
 def rand(*shape: int, dtype: torch.dtype = torch.float32, low: float = -3, high: float = 3):
     if dtype.is_floating_point:
         return (torch.rand(shape) * (high - low) + low).to(dtype)
@@ -123,4 +131,4 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32, low: float = -3, high:
     return torch.randint(int(low), int(high) + 1, shape, dtype=dtype)
 
 
-__all__ = ["BACKENDS", "Fn", "check", "ember", "rand"]
+__all__ = ["BACKENDS", "Fn", "check", "ember", "host_options", "rand"]

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from ember import _core
 from ember.compiled import CompiledModel
+from ember.dynamo_graph import split
 from ember.errors import InputError, UnsupportedOpError
 from ember.export import (
     dynamo_dynamic_shapes,
@@ -56,15 +56,20 @@ class _DynamoGraph:
     def __init__(self, gm: torch.fx.GraphModule, options: Options) -> None:
         self.gm = gm
         self.options = options
+        # What is exported: sizes read from tensor shapes, only tensors returned.
+        self.graph = split(gm)
         # A program with symbolic dims serves every size Dynamo made dynamic; the per-
         # signature programs cover what it cannot (sizes outside its range, static graphs).
         self.dynamic: Callable[..., Any] | None = None
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
+    def _kept(self, args: Sequence[Any]) -> list[Any]:
+        return [args[i] for i in self.graph.kept]
+
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         if self.options.export == "onnx":
             return self._build_onnx(args, dynamic_shapes)
-        ep = export_program(self.gm, args, dynamic_shapes=dynamic_shapes)
+        ep = export_program(self.graph.gm, self._kept(args), dynamic_shapes=dynamic_shapes)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         model = CompiledModel(
@@ -78,34 +83,41 @@ class _DynamoGraph:
         global _programs_compiled
         _programs_compiled += 1
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if self.graph.exports_everything():
 
-        def run(*call_args: Any) -> Any:
-            return model(*[call_args[i] for i in tensor_positions])
+            def run(*call_args: Any) -> Any:
+                return model(*[call_args[i] for i in tensor_positions])
 
-        return run
+            return run
+
+        def run_rebuilt(*call_args: Any) -> Any:
+            outs = model.run_flat([call_args[i] for i in tensor_positions])
+            return self.graph.rebuild(call_args, outs)
+
+        return run_rebuilt
 
     def _build_onnx(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         """The ``export="onnx"`` path: torch.onnx.export, then the ONNX frontend. ONNX
         outputs are flat; they are put back into the structure the graph returns."""
         from ember.onnx import compile_with
 
-        data = export_onnx_bytes(self.gm, args, dynamic_shapes)
+        data = export_onnx_bytes(self.graph.gm, self._kept(args), dynamic_shapes)
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         runner = compile_with(data, self.options, shapes)
         global _programs_compiled
         _programs_compiled += 1
-        (out_node,) = [n for n in self.gm.graph.nodes if n.op == "output"]
-        _, spec = pytree.tree_flatten(out_node.args[0])
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
         def run(*call_args: Any) -> Any:
             outs = runner(*[call_args[i] for i in tensor_positions])
-            return pytree.tree_unflatten(outs, spec)
+            return self.graph.rebuild(call_args, outs)
 
         return run
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        spec = None if self.dynamic is not None else dynamo_dynamic_shapes(self.gm, args)
+        spec = None
+        if self.dynamic is None:
+            spec = dynamo_dynamic_shapes(self.graph.gm, self._kept(args))
         if spec is not None:
             try:
                 self.dynamic = self._build(args, spec)

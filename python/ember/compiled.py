@@ -31,6 +31,9 @@ _TORCH_TO_NAME = {
     torch.float64: "float64",
 }
 _NAME_TO_TORCH = {v: k for k, v in _TORCH_TO_NAME.items()}
+# Output names of in-place updates: the prefix, then the input's or buffer's name (the PT2
+# frontend's MUTATION_PREFIX).
+_MUTATION_PREFIX = "mutates:"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,6 +67,23 @@ def _bind_weights(
         keep.append(t)
         bound[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
     return bound, keep
+
+
+def _mutations(program: Any, weights: dict[str, torch.Tensor]) -> list[tuple[int, Any]]:
+    """The outputs that are new values of inputs (by input index) or buffers (the tensor)."""
+    prefix = _MUTATION_PREFIX
+    found: list[tuple[int, Any]] = []
+    for i, name in enumerate(program.output_names):
+        if not name.startswith(prefix):
+            continue
+        target = name[len(prefix) :]
+        if target in program.input_names:
+            found.append((i, program.input_names.index(target)))
+        elif target in weights:
+            found.append((i, weights[target]))
+        else:
+            raise InputError(f"the program updates {target!r}, which is not among its inputs")
+    return found
 
 
 def _output_kind(spec: Any) -> str:
@@ -147,6 +167,10 @@ class CompiledModel:
         self._input_dtypes = program.input_dtypes
         self._output_names = program.output_dtypes
         self._output_dtypes = [_NAME_TO_TORCH[d] for d in self._output_names]
+        self._mutations = _mutations(program, weights or {})
+        self._user_outputs = [
+            i for i in range(len(self._output_dtypes)) if i not in dict(self._mutations)
+        ]
 
     def _bind(self) -> None:
         """Compiles with the weights as they are now. Backends may pre-pack weights (a
@@ -184,7 +208,18 @@ class CompiledModel:
                 f"({', '.join(self.input_names)}), got {len(inputs)}"
             )
         if self._device == "cuda":
-            return self._run_cuda(inputs)
+            outs = self._run_cuda(inputs)
+        else:
+            outs = self._run_cpu(inputs)
+        if not self._mutations:
+            return outs
+        # In-place updates the program makes (a cache written at new positions) land in the
+        # caller's tensors, as in eager.
+        for i, target in self._mutations:
+            (inputs[target] if isinstance(target, int) else target).copy_(outs[i])
+        return [outs[i] for i in self._user_outputs]
+
+    def _run_cpu(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         views = []
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):

@@ -1,7 +1,7 @@
 """Dynamic shapes through torch.compile: once Dynamo marks a dim dynamic, one symbolic Ember
 program serves every size — a growing decode loop does not recompile per step."""
 
-import pytest
+import ember
 import torch
 from conftest import rand
 from ember.backend import programs_compiled
@@ -22,11 +22,6 @@ def test_batch_size_changes_compile_one_symbolic_program():
     assert programs_compiled() - before == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the decode step's position reaches Ember as a symbolic int input that export does "
-    "not tie to the cache's dim; Ember specializes such graphs per size for now (issue 8)",
-)
 def test_decode_loop_with_growing_kv_cache_does_not_recompile_per_token():
     step = LlamaDecodeStep(Llama(SMALL)).eval()
     compiled = torch.compile(step, backend="ember", options={"fallback": "error"})
@@ -39,4 +34,91 @@ def test_decode_loop_with_growing_kv_cache_does_not_recompile_per_token():
             want = step(token, *cache)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             cache = list(want[1:])
+    # Dynamo passes the cache length as an int input of its own; Ember reads it from the
+    # cache's shape instead, so one static program (first size) and one symbolic program.
     assert programs_compiled() - before <= 2
+
+
+class _Cache:
+    """A cache object as transformers keeps them: tensors plus a Python int length."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+        self.length = keys.shape[1]
+
+
+def _append(x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+    cache.keys = torch.cat([cache.keys, x], dim=1)
+    cache.length += x.shape[1]
+    return (cache.keys * 0.5).softmax(1) * cache.keys.shape[1]
+
+
+def test_graph_returning_a_size_keeps_one_program_as_the_size_grows():
+    """Dynamo returns the cache's new length (an int computed from int inputs) next to the
+    tensors; Ember computes it in Python and compiles one symbolic program."""
+    compiled = torch.compile(_append, backend="ember", options={"fallback": "error"})
+    ours, theirs = _Cache(rand(2, 3, 4)), _Cache(rand(2, 3, 4))
+    theirs.keys = ours.keys.clone()
+    before = programs_compiled()
+    with torch.no_grad():
+        for _ in range(8):
+            x = rand(2, 1, 4)
+            torch.testing.assert_close(compiled(x, ours), _append(x, theirs))
+            assert ours.length == theirs.length
+            assert isinstance(ours.length, int)
+    assert ours.length == 3 + 8
+    assert programs_compiled() - before <= 2
+
+
+class _StaticCacheStep(torch.nn.Module):
+    """Writes new keys into a preallocated cache in place (a static KV cache) and counts
+    steps in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, keys: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor):
+        cache.index_copy_(1, pos, keys)
+        self.steps += 1
+        return (cache * 2).sum(1)
+
+
+def test_in_place_updates_of_inputs_and_buffers_are_written_back():
+    """Input and buffer mutations, through torch.compile and ember.compile, land in the
+    caller's tensors as in eager."""
+    for compile_with in ("torch.compile", "ember.compile"):
+        model, reference = _StaticCacheStep(), _StaticCacheStep()
+        ours, theirs = torch.zeros(2, 6, 3), torch.zeros(2, 6, 3)
+        if compile_with == "torch.compile":
+            compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
+        else:
+            example = (rand(2, 1, 3), torch.tensor([0]), ours.clone())
+            compiled = ember.compile(model, *example)
+        with torch.no_grad():
+            for step in range(4):
+                keys, pos = rand(2, 1, 3), torch.tensor([step])
+                got = compiled(keys, pos, ours)
+                want = reference(keys, pos, theirs)
+                torch.testing.assert_close(got, want)
+                torch.testing.assert_close(ours, theirs)
+        assert int(model.steps) == int(reference.steps) == 4, compile_with
+
+
+def test_graph_returning_the_size_of_an_intermediate():
+    """A returned size of a tensor the graph computes (Dynamo writes it in terms of the
+    input's size) comes back as a Python int, with one symbolic program."""
+
+    def fn(x):
+        y = torch.cat([x, x * 2], dim=0)
+        return y.softmax(0), y.shape[0] + 1
+
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options={"fallback": "error"})
+    before = programs_compiled()
+    with torch.no_grad():
+        for rows in (3, 5, 9):
+            x = rand(rows, 4)
+            got, want = compiled(x), fn(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1] == want[1] and isinstance(got[1], int)
+    assert programs_compiled() - before == 1

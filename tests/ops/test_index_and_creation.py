@@ -1,8 +1,11 @@
 """embedding/index_select/gather/advanced indexing, tril/triu, and tensor creation."""
 
+import ember
+import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check, rand
+from conftest import check, host_options, rand
+from ember.backend import programs_compiled
 
 
 def test_embedding(backend):
@@ -52,3 +55,104 @@ def test_causal_mask_construction(backend):
         return x.masked_fill(~mask, float("-inf")).softmax(-1)
 
     check(fn, [rand(2, 6, 6)], backend)
+
+
+def test_index_with_several_index_tensors(backend):
+    """Broadcast index tensors, adjacent (result dims in place) and not (result dims first),
+    negative indices, and the attention-mask pattern `mask[batch[:, None], positions]`."""
+    i = torch.tensor([[0], [2], [-1]])
+    j = torch.tensor([3, 0, -2, 1])
+    check(
+        lambda x, i, j: (x[i, j], x[:, i, j], x[i, :, j], x[-1, j], x[i, j, 1]),
+        [rand(4, 5, 6), i, j],
+        backend,
+    )
+    mask = torch.rand(3, 7) > 0.3
+    batch, pos = torch.arange(3), torch.arange(7)
+    check(
+        lambda m, b, p: m[b[:, None, None, None], p[None, None, None, :]],
+        [mask, batch, pos],
+        backend,
+    )
+
+
+def test_index_with_several_index_tensors_out_of_range_raises(backend):
+    """An index past its own dim is an error, even where the flattened position exists."""
+    fn = torch.compile(lambda x, i, j: x[i, j], backend="ember", options=host_options(backend))
+    x = rand(4, 5)
+    with pytest.raises(ember.EmberError):
+        fn(x, torch.tensor([1]), torch.tensor([5]))
+
+
+def test_arange_with_symbolic_bounds(backend):
+    """arange over sizes (positions of new tokens after a cache): one program for all sizes.
+    (Each result uses the tensor: a graph with no tensor input carries its sizes as ints
+    alone, and Ember, whose programs read sizes from tensor shapes, specializes it.)"""
+
+    def fn(x):
+        n = x.shape[0]
+        return (
+            torch.arange(n) + x,
+            torch.arange(n, 2 * n + 1) + x.sum(),
+            torch.arange(1, n, 2) * x.sum(),
+            torch.arange(n, 0, -3, dtype=torch.float32) + x.amax(),
+            torch.arange(n + 5) * x.mean(),
+        )
+
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options=host_options(backend))
+    before = programs_compiled()
+    with torch.no_grad():
+        # No result of length 0 or 1: Dynamo would guard on (and recompile for) those.
+        for n in (9, 10, 14, 12, 17):
+            x = rand(n)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert programs_compiled() - before == 1
+
+
+def test_size_as_a_tensor_operand(backend):
+    """`x + x.shape[0]`: a symbolic size used as a number."""
+
+    def fn(x):
+        return x * x.shape[-1] + x.shape[0], (x > 0).long() + x.shape[1]
+
+    compiled = torch.compile(fn, backend="ember", dynamic=True, options=host_options(backend))
+    before = programs_compiled()
+    with torch.no_grad():
+        for shape in ((2, 3), (5, 4), (3, 7)):
+            x = rand(*shape)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert programs_compiled() - before == 1
+
+
+def test_index_put_and_index_copy(backend):
+    """Writes at index positions (a static KV cache's update), out of place and in place on
+    a clone; negative indices; values broadcast."""
+
+    def fn(cache, pos, new):
+        a = torch.ops.aten.index_put.default(cache, [None, None, pos], new)
+        b = cache.clone()
+        b[:, :, pos] = new
+        c = cache.index_copy(2, pos, new)
+        d = cache.clone()
+        d.index_copy_(2, pos, new)
+        e = torch.index_put(cache, (torch.tensor([-1, 0]),), torch.tensor(2.5))
+        f = torch.ops.aten.index_put.default(cache, [None, None, pos - 8], new)
+        return a, b, c, d, e, f
+
+    cache = rand(2, 3, 8, 4)
+    check(fn, [cache, torch.tensor([5, 1, 6]), rand(2, 3, 3, 4)], backend)
+
+
+def test_index_put_accumulate_adds_repeated_positions(backend):
+    def fn(x, i, v):
+        return x.index_put((i,), v, accumulate=True)
+
+    check(fn, [rand(5, 2), torch.tensor([1, 1, -1]), rand(3, 2)], backend)
+
+
+def test_index_copy_out_of_range_raises():
+    fn = torch.compile(
+        lambda x, i, v: x.index_copy(0, i, v), backend="ember", options={"fallback": "error"}
+    )
+    with pytest.raises(ember.EmberError, match="out of range"):
+        fn(rand(5, 2), torch.tensor([1, 7]), rand(2, 2))

@@ -12,4 +12,4 @@ mod tests;
 mod translate;
 
 pub use archive::Source;
-pub use translate::{load, Pt2Program};
+pub use translate::{load, Pt2Program, MUTATION_PREFIX};

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value as Json};
 
-use super::translate::translate;
+use super::translate::{translate, MUTATION_PREFIX};
 use crate::backend::Weights;
 use crate::dtype::DType;
 use crate::error::Error;
@@ -105,13 +105,22 @@ fn unsupported_op_names_the_op_and_node() {
 }
 
 #[test]
-fn input_mutation_is_reported_as_unsupported() {
+fn input_mutations_are_outputs_named_after_their_input() {
+    let mut p = program("torch.ops.aten.mul.Tensor", "user_input_mutation");
+    p["graph_module"]["signature"]["output_specs"][0]["user_input_mutation"]["user_input_name"] =
+        json!("x");
+    let prog = translate(&p, Weights::new()).unwrap();
+    assert_eq!(prog.output_names, vec![format!("{MUTATION_PREFIX}x")]);
+}
+
+#[test]
+fn mutation_without_its_target_is_unsupported() {
     let err = translate(
         &program("torch.ops.aten.mul.Tensor", "user_input_mutation"),
         Weights::new(),
     )
     .err()
-    .expect("mutation must be rejected");
+    .expect("a mutation must name what it updates");
     assert!(matches!(err, Error::UnsupportedOp { .. }), "{err}");
 }
 

@@ -28,6 +28,11 @@ pub struct Pt2Program {
     pub output_names: Vec<String>,
 }
 
+/// Output names that start with this are the new values of inputs or buffers the program
+/// updates in place (`torch.export`'s input and buffer mutations), named by the input's
+/// or buffer's name after the prefix. The caller copies them back after each run.
+pub const MUTATION_PREFIX: &str = "mutates:";
+
 /// What translating one node produced.
 pub enum Out {
     None,
@@ -275,23 +280,42 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
 
     let mut output_names = Vec::new();
     for spec in as_array(field(signature, &["output_specs"])?, "output_specs")? {
-        if let Some(n) = spec_name(spec, "user_output") {
-            let id = ctx.value(&n).map_err(|_| {
-                Error::unsupported_because("graph output", &n, "outputs must be tensors")
-            })?;
-            ctx.b.g.outputs.push(id);
-            output_names.push(n);
-        } else {
-            let kind = spec
-                .as_object()
-                .and_then(|o| o.keys().next().cloned())
-                .unwrap_or_default();
+        let kind = spec
+            .as_object()
+            .and_then(|o| o.keys().next().cloned())
+            .unwrap_or_default();
+        // In-place updates of inputs and buffers are outputs named after what they update;
+        // the caller writes them back (see MUTATION_PREFIX).
+        let target = match kind.as_str() {
+            "user_input_mutation" => spec[&kind]["user_input_name"].as_str(),
+            "buffer_mutation" => spec[&kind]["buffer_name"].as_str(),
+            _ => None,
+        };
+        let Some(n) = spec_name(spec, &kind) else {
             return Err(Error::unsupported_because(
-                kind.clone(),
-                spec_name(spec, &kind).unwrap_or_default(),
-                "programs that update their inputs or buffers in place are not supported yet",
+                kind,
+                "",
+                "outputs must be tensors (this one is a constant)",
             ));
-        }
+        };
+        let name = match (kind.as_str(), target) {
+            ("user_output", _) => n.clone(),
+            ("user_input_mutation" | "buffer_mutation", Some(t)) => {
+                format!("{MUTATION_PREFIX}{t}")
+            }
+            _ => {
+                return Err(Error::unsupported_because(
+                    kind,
+                    n,
+                    "an output kind Ember does not know",
+                ))
+            }
+        };
+        let id = ctx.value(&n).map_err(|_| {
+            Error::unsupported_because("graph output", &n, "outputs must be tensors")
+        })?;
+        ctx.b.g.outputs.push(id);
+        output_names.push(name);
     }
     verify(&ctx.b.g)?;
     check_symbols_bound(&ctx.b.g)?;

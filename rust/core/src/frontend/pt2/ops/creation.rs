@@ -1,12 +1,13 @@
 //! Tensor creation: full/zeros/ones (and their `_like`/`new_` forms), scalar_tensor, arange.
 
 use super::{tensor, Handler};
-use crate::dim::Dim;
+use crate::dim::{Dim, DimOp};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{Op, TensorType};
+use crate::ir::{BinaryOp, Op, TensorType};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -79,43 +80,48 @@ fn like(ctx: &mut Ctx, n: &NodeArgs, fixed: Option<Scalar>) -> Result<Out> {
 }
 
 fn scalar_tensor(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(DType::F32);
+    if let Some(Arg::SymInt(s)) = n.raw("s", 0) {
+        // A size as a tensor (Ember returns a graph's size outputs this way).
+        let d = ctx.sym(s)?;
+        let v = ctx.b.dim_value(&d, DType::I64)?;
+        return Ok(Out::Value(ctx.b.cast(v, dtype)?));
+    }
     let value = n
         .scalar("s", 0)?
         .ok_or_else(|| Error::Compile(format!("node '{}': scalar_tensor without value", n.name)))?;
-    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(DType::F32);
     Ok(Out::Value(ctx.b.full(value, dtype, vec![])?))
 }
 
 fn arange(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let overload = n.target.rsplit('.').next().unwrap_or("default");
-    let get = |name: &str, pos: usize| -> Result<Option<Scalar>> {
+    // A bound is a number, or a symbolic size (`arange(past, past + new)` in a decode step).
+    let get = |name: &str, pos: usize| -> Result<Option<Bound>> {
         match n.raw(name, pos) {
-            Some(Arg::SymInt(s)) => match ctx.sym(s)?.as_const() {
-                Some(c) => Ok(Some(Scalar::Int(c))),
-                None => Err(Error::unsupported_because(
-                    "aten.arange",
-                    &n.name,
-                    "symbolic bounds (use a fixed-size arange or a static shape)",
-                )),
-            },
-            _ => n.scalar(name, pos),
+            Some(Arg::SymInt(s)) => Ok(Some(match ctx.sym(s)? {
+                Dim::Const(c) => Bound::Num(Scalar::Int(c)),
+                d => Bound::Sym(d),
+            })),
+            _ => Ok(n.scalar(name, pos)?.map(Bound::Num)),
         }
     };
+    let zero = Bound::Num(Scalar::Int(0));
+    let one = Bound::Num(Scalar::Int(1));
     let (start, end, step) = match overload {
-        "default" => (Scalar::Int(0), get("end", 0)?, Scalar::Int(1)),
-        "start" => (
-            get("start", 0)?.unwrap_or(Scalar::Int(0)),
-            get("end", 1)?,
-            Scalar::Int(1),
-        ),
+        "default" => (zero, get("end", 0)?, one),
+        "start" => (get("start", 0)?.unwrap_or(zero), get("end", 1)?, one),
         _ => (
-            get("start", 0)?.unwrap_or(Scalar::Int(0)),
+            get("start", 0)?.unwrap_or(zero),
             get("end", 1)?,
-            get("step", 2)?.unwrap_or(Scalar::Int(1)),
+            get("step", 2)?.unwrap_or(one),
         ),
     };
     let end =
         end.ok_or_else(|| Error::Compile(format!("node '{}': arange without end", n.name)))?;
+    let (start, end, step) = match (start, end, step) {
+        (Bound::Num(a), Bound::Num(b), Bound::Num(c)) => (a, b, c),
+        (start, end, step) => return symbolic_arange(ctx, n, start, end, step),
+    };
     let any_float = [start, end, step]
         .iter()
         .any(|s| matches!(s, Scalar::Float(_)));
@@ -134,4 +140,70 @@ fn arange(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         Op::Iota { start, step },
         TensorType::new(dtype, vec![Dim::Const(len)]),
     )?))
+}
+
+#[derive(Clone)]
+enum Bound {
+    Num(Scalar),
+    Sym(Dim),
+}
+
+impl Bound {
+    fn dim(&self) -> Option<Dim> {
+        match self {
+            Bound::Num(Scalar::Int(c)) => Some(Dim::Const(*c)),
+            Bound::Num(_) => None,
+            Bound::Sym(d) => Some(d.clone()),
+        }
+    }
+}
+
+/// `arange` over integer bounds of which some are symbolic sizes: the length is a size
+/// expression, a symbolic start is added after counting from zero.
+fn symbolic_arange(
+    ctx: &mut Ctx,
+    n: &NodeArgs,
+    start: Bound,
+    end: Bound,
+    step: Bound,
+) -> Result<Out> {
+    let unsupported = |why: &str| Error::unsupported_because("aten.arange", &n.name, why);
+    let (Some(s), Some(e)) = (start.dim(), end.dim()) else {
+        return Err(unsupported("a symbolic bound mixed with a float bound"));
+    };
+    let st = match step {
+        Bound::Num(Scalar::Int(c)) if c != 0 => c,
+        _ => {
+            return Err(unsupported(
+                "a symbolic or non-integer step with symbolic bounds",
+            ))
+        }
+    };
+    // ceil((e - s) / st), at least 0, in floor divisions on sizes.
+    let (span, by) = if st > 0 {
+        (Dim::binary(DimOp::Sub, e, s.clone()), st)
+    } else {
+        (Dim::binary(DimOp::Sub, s.clone(), e), -st)
+    };
+    let len = Dim::binary(
+        DimOp::FloorDiv,
+        Dim::binary(DimOp::Add, span, Dim::Const(by - 1)),
+        Dim::Const(by),
+    );
+    let len = Dim::binary(DimOp::Max, len, Dim::Const(0));
+    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(DType::I64);
+    let mut v = ctx.b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(st),
+        },
+        TensorType::new(DType::I64, vec![len]),
+    )?;
+    if s != Dim::Const(0) {
+        let offset = ctx.b.dim_value(&s, DType::I64)?;
+        v = ctx
+            .b
+            .binary(BinaryOp::Add, Operand::Tensor(v), Operand::Tensor(offset))?;
+    }
+    Ok(Out::Value(ctx.b.cast(v, dtype)?))
 }

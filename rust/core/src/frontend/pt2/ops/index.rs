@@ -1,14 +1,14 @@
-//! Indexing: embedding, index_select, gather, advanced indexing with one index tensor,
+//! Indexing: embedding, index_select, gather, advanced indexing with index tensors,
 //! tril/triu.
 
 use super::{axis, tensor, Handler};
-use crate::dim::Dim;
+use crate::dim::{numel, Dim};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, ScatterReduce, TensorType};
+use crate::ir::{BinaryOp, Op, ScatterReduce, TensorType, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -20,6 +20,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("scatter_add", "default") => |c, n| scatter(c, n, ScatterReduce::Add),
         ("scatter_reduce", "two") => scatter_reduce,
         ("index", "Tensor") => index,
+        ("index_put", "default") => index_put,
+        ("index_copy", "default") => index_copy,
         ("tril", "default") => |c, n| triangle(c, n, true),
         ("triu", "default") => |c, n| triangle(c, n, false),
         _ => return None,
@@ -111,7 +113,7 @@ fn scatter_reduce(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     scatter(ctx, n, reduce)
 }
 
-/// `x[..., idx, ...]` with exactly one integer index tensor (and `None`s before it).
+/// `x[..., idx, ...]`: integer index tensors (and `None`s for dims taken whole).
 fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
     let indices = match n.raw("indices", 1) {
@@ -129,24 +131,174 @@ fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
         .collect();
-    let [(a, name)] = given.as_slice() else {
-        return Err(Error::unsupported_because(
-            "aten.index.Tensor",
-            &n.name,
-            "indexing with several index tensors",
-        ));
-    };
-    let idx = ctx.value(name)?;
-    if ctx.b.dtype(idx) == DType::Bool || ctx.b.dtype(idx) == DType::U8 {
-        return Err(Error::unsupported_because(
-            "aten.index.Tensor",
-            &n.name,
-            "boolean-mask indexing (its output shape depends on the data)",
+    let mut idxs = Vec::new();
+    for (_, name) in &given {
+        let idx = ctx.value(name)?;
+        if ctx.b.dtype(idx) == DType::Bool || ctx.b.dtype(idx) == DType::U8 {
+            return Err(Error::unsupported_because(
+                "aten.index.Tensor",
+                &n.name,
+                "boolean-mask indexing (its output shape depends on the data)",
+            ));
+        }
+        idxs.push(idx);
+    }
+    let axes: Vec<usize> = given.iter().map(|(a, _)| *a).collect();
+    if axes.is_empty() {
+        return Ok(Out::Value(x));
+    }
+    if let ([a], [idx]) = (axes.as_slice(), idxs.as_slice()) {
+        return Ok(Out::Value(
+            ctx.b.op(Op::IndexSelect { axis: *a }, &[x, *idx])?,
         ));
     }
-    Ok(Out::Value(
-        ctx.b.op(Op::IndexSelect { axis: *a }, &[x, idx])?,
-    ))
+    Ok(Out::Value(index_several(ctx, x, &axes, idxs)?))
+}
+
+/// `x[i, j]` with several index tensors: they broadcast together and pick one element of the
+/// indexed dims each. Those dims are flattened into one and indexed by the linear index
+/// `i * size(j) + j`; an index out of its own dim's range makes the linear index out of range,
+/// so the runtime reports it instead of reading a neighbour. As in torch, the broadcast dims
+/// replace the indexed dims in place when those are adjacent, and come first otherwise.
+fn index_several(
+    ctx: &mut Ctx,
+    mut x: ValueId,
+    axes: &[usize],
+    idxs: Vec<ValueId>,
+) -> Result<ValueId> {
+    let adjacent = axes.windows(2).all(|w| w[1] == w[0] + 1);
+    let mut first = axes[0];
+    if !adjacent {
+        let rank = ctx.b.rank(x);
+        let mut perm = axes.to_vec();
+        perm.extend((0..rank).filter(|d| !axes.contains(d)));
+        x = ctx.b.permute(x, perm)?;
+        first = 0;
+    }
+    let shape = ctx.b.shape(x);
+    let sizes: Vec<Dim> = (0..axes.len()).map(|i| shape[first + i].clone()).collect();
+    let mut idxs = idxs
+        .into_iter()
+        .map(|i| ctx.b.cast(i, DType::I64))
+        .collect::<Result<Vec<_>>>()?;
+    idxs = ctx.b.broadcast_all(&idxs)?;
+    let t = Operand::Tensor;
+    let zero = Operand::Scalar(Scalar::Int(0));
+    let (mut linear, mut valid) = (None, None);
+    for (j, &idx) in idxs.iter().enumerate() {
+        let size = ctx.b.dim_value(&sizes[j], DType::I64)?;
+        let negative = ctx.b.binary(BinaryOp::Lt, t(idx), zero)?;
+        let wrapped = ctx.b.binary(BinaryOp::Add, t(idx), t(size))?;
+        let idx = ctx.b.where_(negative, t(wrapped), t(idx))?;
+        let low = ctx.b.binary(BinaryOp::Ge, t(idx), zero)?;
+        let high = ctx.b.binary(BinaryOp::Lt, t(idx), t(size))?;
+        let ok = ctx.b.binary(BinaryOp::And, t(low), t(high))?;
+        valid = Some(match valid {
+            Some(v) => ctx.b.binary(BinaryOp::And, t(v), t(ok))?,
+            None => ok,
+        });
+        linear = Some(match linear {
+            Some(l) => {
+                let scaled = ctx.b.binary(BinaryOp::Mul, t(l), t(size))?;
+                ctx.b.binary(BinaryOp::Add, t(scaled), t(idx))?
+            }
+            None => idx,
+        });
+    }
+    let (linear, valid) = (linear.expect("two or more"), valid.expect("two or more"));
+    let total = numel(&sizes);
+    let past_end = ctx.b.dim_value(&total, DType::I64)?;
+    let linear = ctx.b.where_(valid, t(linear), t(past_end))?;
+    let mut flat = shape[..first].to_vec();
+    flat.push(total);
+    flat.extend_from_slice(&shape[first + axes.len()..]);
+    let x = ctx.b.reshape(x, flat)?;
+    ctx.b.op(Op::IndexSelect { axis: first }, &[x, linear])
+}
+
+/// `x[..., idx, ...] = values` (`index_put`; `+=` with accumulate) with one index tensor.
+fn index_put(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let indices = match n.raw("indices", 1) {
+        Some(Arg::OptTensors(v)) => v.clone(),
+        Some(Arg::Tensors(v)) => v.iter().cloned().map(Some).collect(),
+        other => {
+            return Err(Error::Compile(format!(
+                "node '{}': indices {other:?}",
+                n.name
+            )))
+        }
+    };
+    let values = tensor(ctx, n, "values", 2)?;
+    let unsupported = |why: &str| Error::unsupported_because("aten.index_put", &n.name, why);
+    let reduce = if n.bool("accumulate", 3, false)? {
+        ScatterReduce::Add
+    } else {
+        ScatterReduce::None
+    };
+    let given: Vec<(usize, &String)> = indices
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
+        .collect();
+    let [(a, name)] = given.as_slice() else {
+        return Err(unsupported("several index tensors"));
+    };
+    let idx = ctx.value(name)?;
+    if matches!(ctx.b.dtype(idx), DType::Bool | DType::U8) {
+        return Err(unsupported("a boolean mask"));
+    }
+    Ok(Out::Value(put_slices(ctx, x, *a, idx, values, reduce)?))
+}
+
+/// `x.index_copy(dim, index, source)`: rows of `source` into the positions `index` names.
+fn index_copy(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let a = axis(ctx, x, n.int("dim", 1)?)?;
+    let idx = tensor(ctx, n, "index", 2)?;
+    let source = tensor(ctx, n, "source", 3)?;
+    Ok(Out::Value(put_slices(
+        ctx,
+        x,
+        a,
+        idx,
+        source,
+        ScatterReduce::None,
+    )?))
+}
+
+/// `x` with the slices at `idx` along axis `a` replaced by (or, with `reduce`, combined
+/// with) `values`, broadcast to `x.shape[..a] ++ idx.shape ++ x.shape[a+1..]`: a `Scatter`
+/// whose index spreads each slice's position over the slice. Negative indices count from
+/// the end; one out of range is a run-time error, as in torch.
+fn put_slices(
+    ctx: &mut Ctx,
+    x: ValueId,
+    a: usize,
+    idx: ValueId,
+    values: ValueId,
+    reduce: ScatterReduce,
+) -> Result<ValueId> {
+    let shape = ctx.b.shape(x);
+    let dtype = ctx.b.dtype(x);
+    let idx_shape = ctx.b.shape(idx);
+    let count = numel(&idx_shape);
+    let mut target = shape[..a].to_vec();
+    target.extend(idx_shape);
+    target.extend_from_slice(&shape[a + 1..]);
+    let values = ctx.b.cast(values, dtype)?;
+    let values = ctx.b.broadcast_to(values, &target)?;
+    // One index per slice: flatten the index dims.
+    let mut flat = shape[..a].to_vec();
+    flat.push(count.clone());
+    flat.extend_from_slice(&shape[a + 1..]);
+    let values = ctx.b.reshape(values, flat.clone())?;
+    let mut spread = vec![Dim::Const(1); shape.len()];
+    spread[a] = count;
+    let idx = ctx.b.cast(idx, DType::I64)?;
+    let idx = ctx.b.reshape(idx, spread)?;
+    let idx = ctx.b.op(Op::Expand { shape: flat }, &[idx])?;
+    ctx.b.op(Op::Scatter { axis: a, reduce }, &[x, idx, values])
 }
 
 /// tril keeps `col - row <= diagonal`, triu keeps `col - row >= diagonal`.

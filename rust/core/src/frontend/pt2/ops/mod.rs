@@ -14,9 +14,11 @@ mod reduce;
 mod resize;
 mod shape;
 mod symint;
+mod topk;
 
-use super::args::NodeArgs;
+use super::args::{Arg, NodeArgs, SymRef};
 use super::translate::{Ctx, Out};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::frontend::builder::Operand;
 use crate::ir::ValueId;
@@ -40,6 +42,7 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| group_norm::handler(name, overload))
         .or_else(|| pool::handler(name, overload))
         .or_else(|| resize::handler(name, overload))
+        .or_else(|| topk::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.
@@ -48,9 +51,16 @@ fn tensor(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<ValueId> {
 }
 
 /// An argument that may be a tensor or a Python scalar (`other` in `add.Tensor`/`add.Scalar`).
-fn operand(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<Operand> {
+fn operand(ctx: &mut Ctx, n: &NodeArgs, name: &str, pos: usize) -> Result<Operand> {
     if let Ok(t) = n.tensor(name, pos) {
         return Ok(Operand::Tensor(ctx.value(t)?));
+    }
+    if let Some(Arg::SymInt(s @ SymRef::Name(_))) = n.raw(name, pos) {
+        // A symbolic size used as a number (`positions + past_length`): a 0-d int64 tensor
+        // holding its value, which promotes like the Python int it stands for except
+        // against other 0-d integer tensors.
+        let d = ctx.sym(s)?;
+        return Ok(Operand::Tensor(ctx.b.dim_value(&d, DType::I64)?));
     }
     match n.scalar(name, pos)? {
         Some(s) => Ok(Operand::Scalar(s)),
