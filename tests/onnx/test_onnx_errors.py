@@ -59,7 +59,7 @@ def test_unknown_op_names_op_and_node() -> None:
         ("LpPool", ["x"], {"kernel_shape": [2]}),
         ("MaxUnpool", ["x", "i"], {"kernel_shape": [2]}),
         ("GridSample", ["x", "g"], {}),
-        ("TopK", ["x", "k"], {}),
+        ("Unique", ["x"], {}),
     ],
 )
 def test_ops_needing_new_ir_ops_are_unsupported(op, inputs, attrs) -> None:

@@ -41,7 +41,7 @@ pub fn unsupported_reason(op: &str) -> Option<&'static str> {
         "GridSample" => {
             "sampling at tensor-valued positions needs an IR op Ember does not have yet"
         }
-        "TopK" | "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
+        "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
         "Scatter" => "deprecated before opset 13 (use ScatterElements)",
         "NonZero" | "Compress" | "NonMaxSuppression" => {
             "the output shape depends on tensor values, which Ember's IR cannot express"

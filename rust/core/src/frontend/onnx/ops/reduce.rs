@@ -14,6 +14,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
         | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce,
         "ArgMax" | "ArgMin" => arg_reduce,
+        "TopK" => top_k,
         _ => return None,
     })
 }
@@ -152,4 +153,37 @@ fn arg_reduce(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     one(ctx
         .b
         .binary(BinaryOp::Sub, Operand::Tensor(last), Operand::Tensor(idx))?)
+}
+
+/// `TopK` (K a constant input): values and int64 indices of the K largest (or smallest)
+/// along `axis`, best first, ties to the lower index; by repeated selection
+/// (`frontend::topk`), so K is at most `MAX_K`.
+fn top_k(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    use crate::frontend::topk::{select_rounds, MAX_K};
+    let x = ctx.input(n, 0)?;
+    let k = match ctx.const_ints(n, 1, "K")?.as_slice() {
+        [k] => *k,
+        other => return Err(n.err(format!("K must hold one value, got {other:?}"))),
+    };
+    let rank = ctx.b.rank(x);
+    if rank == 0 {
+        return Err(n.err("TopK of a 0-d tensor"));
+    }
+    let a = super::axis(ctx, n.int("axis", -1)?, rank)?;
+    let largest = n.flag("largest", true)?;
+    if ctx.b.dtype(x) == crate::dtype::DType::Bool {
+        return Err(n.err("TopK of a bool tensor"));
+    }
+    if !(1..=MAX_K).contains(&k) {
+        return Err(n.unsupported(format!(
+            "K = {k}: TopK runs as K selection rounds, between 1 and {MAX_K}"
+        )));
+    }
+    if let Some(size) = ctx.b.shape(x)[a].as_const() {
+        if k > size {
+            return Err(n.err(format!("K = {k} exceeds the axis's size {size}")));
+        }
+    }
+    let (values, indices) = select_rounds(&mut ctx.b, x, a, k, largest)?;
+    Ok(vec![Val::of(values), Val::of(indices)])
 }

@@ -1,0 +1,32 @@
+"""ONNX TopK against ONNX Runtime: axes, largest/smallest, ties, integers; K beyond what
+repeated selection handles is refused clearly."""
+
+from __future__ import annotations
+
+import ember
+import numpy as np
+import pytest
+from onnx_util import check, randn, rng, single
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize(("axis", "k"), [(-1, 3), (0, 2), (1, 1)])
+def test_topk(axis, k, largest):
+    x = randn(4, 6, 5)
+    model = single(
+        "TopK", {"x": x}, {"axis": axis, "largest": largest}, 2, {"k": np.array([k], np.int64)}
+    )
+    check(model, {"x": x})
+
+
+def test_topk_ties_go_to_the_lower_index_and_integers_work():
+    x = rng(0).integers(0, 4, size=(3, 9)).astype(np.int64)
+    model = single("TopK", {"x": x}, {}, 2, {"k": np.array([4], np.int64)})
+    check(model, {"x": x})
+
+
+def test_topk_with_a_large_k_is_refused():
+    x = randn(2, 100)
+    model = single("TopK", {"x": x}, {}, 2, {"k": np.array([80], np.int64)})
+    with pytest.raises(ember.UnsupportedOpError, match="selection rounds"):
+        ember.compile_onnx(model)
