@@ -13,6 +13,9 @@ use super::types::{accumulate_type, storage_type, store};
 use super::{CodegenError, Kernel, Launch, StepKind};
 
 const NAME: &str = "@KERNEL@";
+/// The loop giving each thread its elements `i < n`, whatever the grid's size.
+const GRID_STRIDE: &str =
+    "for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)";
 
 /// Emits the work on one element of a norm's row: (emitter, trailing index, value).
 type RowBody<'f> = dyn Fn(&mut Emitter, &[String], &str) -> Result<(), CodegenError> + 'f;
@@ -32,6 +35,17 @@ struct Body {
     text: String,
     cooperative: bool,
     scratch: Option<&'static str>,
+}
+
+impl Body {
+    fn of(e: Emitter<'_>, cooperative: bool) -> Body {
+        Body {
+            e_params: e.params,
+            text: e.body,
+            cooperative,
+            scratch: None,
+        }
+    }
 }
 
 fn inf(acc: &str) -> &'static str {
@@ -173,17 +187,12 @@ impl<'a> Generator<'a> {
         let mut e = self.emitter(root);
         let n = e.dims.product(&shape);
         e.line(format!("const i64 n = {n};"));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let idx = e.unravel("i", &shape);
         let v = e.value(id, &idx)?;
         e.line(format!("out[i] = {};", store(dtype, &v)));
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&shape))))
     }
 
@@ -276,12 +285,7 @@ impl<'a> Generator<'a> {
             ));
         }
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: true,
-            scratch: None,
-        };
+        let body = Body::of(e, true);
         Ok(self.add(
             id,
             body,
@@ -343,12 +347,7 @@ impl<'a> Generator<'a> {
         e.line(format!("out[{off}] = {};", store(dtype, &y)));
         e.close();
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: true,
-            scratch: None,
-        };
+        let body = Body::of(e, true);
         Ok(self.add(
             id,
             body,
@@ -442,12 +441,7 @@ impl<'a> Generator<'a> {
             Ok(())
         })?;
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: true,
-            scratch: None,
-        };
+        let body = Body::of(e, true);
         Ok(self.add(
             id,
             body,
@@ -481,12 +475,7 @@ impl<'a> Generator<'a> {
         e.line(format!("out[{off}] = {};", store(dtype, "a")));
         e.close();
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&lines))))
     }
 
@@ -613,7 +602,7 @@ impl<'a> Generator<'a> {
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
         e.line(format!("const i64 og = {} / {groups}LL;", e.dim(&ws[0])));
         e.line(format!("const i64 cg = {};", e.dim(&ws[1])));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let oidx = e.unravel("i", &out);
         let init = if has_bias {
             let b = e.value(n.inputs[2], &oidx[1..2])?;
@@ -655,12 +644,7 @@ impl<'a> Generator<'a> {
         e.close();
         e.line(format!("out[i] = {};", store(dtype, "a")));
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
 
@@ -687,7 +671,7 @@ impl<'a> Generator<'a> {
         let lead = out.len() - sp;
         let mut e = self.emitter(None);
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let oidx = e.unravel("i", &out);
         e.line(format!(
             "{acc} mx = -{}; bool nan = false; {acc} sum = 0; i64 cnt = 0;",
@@ -752,12 +736,7 @@ impl<'a> Generator<'a> {
         };
         e.line(format!("out[i] = {};", store(dtype, &result)));
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
 
@@ -784,23 +763,18 @@ impl<'a> Generator<'a> {
         // 1. out = x
         let mut e = self.emitter(None);
         e.line(format!("const i64 n = {};", e.dims.product(&shape)));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let idx = e.unravel("i", &shape);
         let v = e.value(x, &idx)?;
         e.line(format!("out[i] = {};", store(dtype, &v)));
         e.close();
-        let copy = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let copy = Body::of(e, false);
         let copy = self.add(id, copy, Launch::Elements(numel(&shape)));
         // 2. one thread per update
         let ishape = g.nodes[index].ty.shape.clone();
         let mut e = self.emitter(None);
         e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let idx = e.unravel("i", &ishape);
         let j = e.value(index, &idx)?;
         let len = e.dim(&shape[axis]);
@@ -828,12 +802,7 @@ impl<'a> Generator<'a> {
             }
         }
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         let write = self.add(id, body, Launch::Elements(numel(&ishape)));
         Ok(vec![copy, write])
     }
@@ -851,7 +820,7 @@ impl<'a> Generator<'a> {
         let mut e = self.emitter(None);
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
         e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
-        e.open("for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)");
+        e.open(GRID_STRIDE);
         let oidx = e.unravel("i", &out);
         e.line(format!("{acc} s = 0;"));
         e.open("for (i64 k = 0; k < K; ++k)");
@@ -866,12 +835,7 @@ impl<'a> Generator<'a> {
         e.close();
         e.line(format!("out[i] = {};", store(dtype, "s")));
         e.close();
-        let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: false,
-            scratch: None,
-        };
+        let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
 }
