@@ -56,6 +56,12 @@ pub trait Device: Send + Sync {
     fn set_stream(&self, _stream: u64) {}
 }
 
+/// Blocks in the grid and threads in each block (1-D launches).
+struct Geometry {
+    blocks: u32,
+    threads: u32,
+}
+
 struct Plan {
     env: SymbolBindings,
     shapes: Vec<Vec<usize>>,
@@ -193,7 +199,9 @@ impl<D: Device> Program<D> {
             } = &step.kind
             {
                 let coop = self.kp.kernels[*kernel].cooperative;
-                let (blocks, _) = self.launch_config(launch, &resolved.env, coop, true)?;
+                let blocks = self
+                    .launch_config(launch, &resolved.env, coop, true)?
+                    .blocks;
                 let per = per_block.eval(&resolved.env)?.max(0) as usize;
                 let acc = if step_dtype_is_f64(&self.kp, step.node) {
                     8
@@ -228,7 +236,7 @@ impl<D: Device> Program<D> {
         Ok(plan)
     }
 
-    /// (grid, block) of a launch; empty work gives a zero grid. Kernels with per-block
+    /// The geometry of a launch; empty work gives zero blocks. Kernels with per-block
     /// scratch run on fewer blocks (grid-stride), which bounds the scratch they need.
     fn launch_config(
         &self,
@@ -236,7 +244,7 @@ impl<D: Device> Program<D> {
         env: &SymbolBindings,
         cooperative: bool,
         scratch: bool,
-    ) -> Result<(u32, u32)> {
+    ) -> Result<Geometry> {
         let (max_block, mut max_grid) = self.device.launch_limits(cooperative);
         if scratch {
             max_grid = max_grid.min(MAX_SCRATCH_BLOCKS);
@@ -244,14 +252,18 @@ impl<D: Device> Program<D> {
         Ok(match launch {
             Launch::Elements(n) => {
                 let n = n.eval(env)?.max(0) as u64;
-                let blocks = n.div_ceil(max_block as u64).min(max_grid as u64) as u32;
-                (blocks, max_block)
+                Geometry {
+                    blocks: n.div_ceil(max_block as u64).min(max_grid as u64) as u32,
+                    threads: max_block,
+                }
             }
             Launch::Rows { rows, width } => {
                 let rows = rows.eval(env)?.max(0) as u64;
                 let width = width.eval(env)?.max(1) as u64;
-                let block = width.next_power_of_two().clamp(32, max_block as u64) as u32;
-                (rows.min(max_grid as u64) as u32, block)
+                Geometry {
+                    blocks: rows.min(max_grid as u64) as u32,
+                    threads: width.next_power_of_two().clamp(32, max_block as u64) as u32,
+                }
             }
         })
     }
@@ -326,8 +338,9 @@ impl<D: Device> Program<D> {
                 } => {
                     let coop = kp.kernels[*kernel].cooperative;
                     let scratch = plan.scratch.contains_key(&s);
-                    let (grid, block) = self.launch_config(launch, &plan.env, coop, scratch)?;
-                    if grid == 0 {
+                    let Geometry { blocks, threads } =
+                        self.launch_config(launch, &plan.env, coop, scratch)?;
+                    if blocks == 0 {
                         continue;
                     }
                     let mut params = vec![meta_addr, dest];
@@ -337,7 +350,7 @@ impl<D: Device> Program<D> {
                     if let Some(&o) = plan.scratch.get(&s) {
                         params.push(base + o as u64);
                     }
-                    self.device.launch(*kernel, grid, block, &params)?;
+                    self.device.launch(*kernel, blocks, threads, &params)?;
                 }
                 StepKind::Gemm(gm) => {
                     let ev = |d: &ember_core::dim::Dim| -> Result<usize> {
