@@ -95,15 +95,30 @@ def _onnxruntime(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: in
     return Prepared(lambda: session.run(None, feed), note=exporter)
 
 
+def _ember_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+    """Ember on the ONNX file ONNX Runtime runs (``ember.compile_onnx``, numpy in and out)."""
+    import ember
+
+    with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        exporter = _export_onnx(model, inputs, path)
+        runner = ember.compile_onnx(path, num_threads=threads, quiet=True)
+    arrays = [x.detach().contiguous().numpy() for x in inputs]
+    return Prepared(lambda: runner(*arrays), note=exporter)
+
+
 EAGER = Backend("eager", _eager)
 EMBER = Backend("Ember", _ember)
 INDUCTOR = Backend("Inductor", _inductor)
 ORT = Backend("ORT", _onnxruntime)
+EMBER_ONNX = Backend("Ember (ONNX file)", _ember_onnx)
 
 
 def backends(inductor: bool = True) -> Sequence[Backend]:
     """The backends in report order; eager comes first (it is the reference)."""
-    return (EAGER, EMBER, INDUCTOR, ORT) if inductor else (EAGER, EMBER, ORT)
+    if inductor:
+        return (EAGER, EMBER, INDUCTOR, ORT, EMBER_ONNX)
+    return (EAGER, EMBER, ORT, EMBER_ONNX)
 
 
 def first_line(text: str, limit: int = 240) -> str:

@@ -95,7 +95,9 @@ def method_lines(settings: Settings) -> list[str]:
         "* Backends: **eager** PyTorch; **Ember** (`ember.compile(model, *inputs)`); "
         "**Inductor** (`torch.compile(model)`, default mode); **ORT** (ONNX Runtime, "
         "CPUExecutionProvider, the model exported by `torch.onnx.export(..., dynamo=True)` or "
-        "the legacy exporter if that fails; inputs prepared once as NumPy arrays).",
+        "the legacy exporter if that fails; inputs prepared once as NumPy arrays); "
+        "**Ember (ONNX file)** (`ember.compile_onnx` on that same exported file, NumPy in "
+        "and out).",
         "* *vs eager* = eager median / backend median (> 1: faster than eager); "
         "*vs ORT* = backend median / ORT median (< 1: faster than ORT).",
         "* *Rounds* is the spread of the per-round medians (min–max); *setup* is "
