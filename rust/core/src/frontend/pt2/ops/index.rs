@@ -113,19 +113,22 @@ fn scatter_reduce(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     scatter(ctx, n, reduce)
 }
 
+/// The `indices` argument of `index`/`index_put`: one optional tensor name per dim.
+fn index_tensors(n: &NodeArgs) -> Result<Vec<Option<String>>> {
+    match n.raw("indices", 1) {
+        Some(Arg::OptTensors(v)) => Ok(v.clone()),
+        Some(Arg::Tensors(v)) => Ok(v.iter().cloned().map(Some).collect()),
+        other => Err(Error::Compile(format!(
+            "node '{}': indices {other:?}",
+            n.name
+        ))),
+    }
+}
+
 /// `x[..., idx, ...]`: integer index tensors (and `None`s for dims taken whole).
 fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
-    let indices = match n.raw("indices", 1) {
-        Some(Arg::OptTensors(v)) => v.clone(),
-        Some(Arg::Tensors(v)) => v.iter().cloned().map(Some).collect(),
-        other => {
-            return Err(Error::Compile(format!(
-                "node '{}': indices {other:?}",
-                n.name
-            )))
-        }
-    };
+    let indices = index_tensors(n)?;
     let given: Vec<(usize, &String)> = indices
         .iter()
         .enumerate()
@@ -219,16 +222,7 @@ fn index_several(
 /// `x[..., idx, ...] = values` (`index_put`; `+=` with accumulate) with one index tensor.
 fn index_put(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
-    let indices = match n.raw("indices", 1) {
-        Some(Arg::OptTensors(v)) => v.clone(),
-        Some(Arg::Tensors(v)) => v.iter().cloned().map(Some).collect(),
-        other => {
-            return Err(Error::Compile(format!(
-                "node '{}': indices {other:?}",
-                n.name
-            )))
-        }
-    };
+    let indices = index_tensors(n)?;
     let values = tensor(ctx, n, "values", 2)?;
     let unsupported = |why: &str| Error::unsupported_because("aten.index_put", &n.name, why);
     let reduce = if n.bool("accumulate", 3, false)? {
