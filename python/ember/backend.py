@@ -2,8 +2,9 @@
 
 Dynamo hands us an FX graph. We compile it lazily on the first call for each input
 signature (shapes, dtypes, int arguments), through the same export path as
-``ember.compile``. Graphs Ember cannot compile run eagerly with one warning (or raise,
-with ``fallback="error"``).
+``ember.compile``. A graph with ops Ember does not support is split: its supported regions
+are compiled, the rest runs eagerly, and one warning names the eager ops (``fallback="error"``
+raises instead).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from ember import _core
 from ember.compiled import CompiledModel
-from ember.dynamo_graph import split
+from ember.dynamo_graph import DynamoGraph, lifted_scalars, split, with_scalars
 from ember.errors import InputError, UnsupportedOpError
 from ember.export import (
     dynamo_dynamic_shapes,
@@ -27,6 +28,7 @@ from ember.export import (
     save_bytes,
 )
 from ember.options import Options
+from ember.partition import partition
 
 _log = logging.getLogger("ember")
 
@@ -51,11 +53,17 @@ def programs_compiled() -> int:
 
 
 class _DynamoGraph:
-    """One Dynamo graph; compiled programs cached per input signature."""
+    """One Dynamo graph; compiled programs cached per input signature. ``split_unsupported``:
+    whether a graph with unsupported ops is split into compiled regions and eager ops (off for
+    the regions themselves, which run eagerly if they still fail)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, options: Options) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, options: Options, split_unsupported: bool = True
+    ) -> None:
         self.gm = gm
         self.options = options
+        self.split_unsupported = split_unsupported
+        self.warned = False
         # What is exported: sizes read from tensor shapes, only tensors returned.
         self.graph = split(gm)
         # A program with symbolic dims serves every size Dynamo made dynamic; the per-
@@ -129,12 +137,46 @@ class _DynamoGraph:
         except UnsupportedOpError as e:
             if self.options.fallback == "error":
                 raise
-            warnings.warn(
-                f"ember: running this graph eagerly because it uses an op Ember does not "
-                f"support: {e}",
-                stacklevel=3,
-            )
-            return self.gm.forward
+            return self._fallback(args, spec, e)
+
+    def _fallback(self, args: Sequence[Any], spec: Any, error: UnsupportedOpError) -> Any:
+        """The graph split into regions Ember compiles and eager ops; the whole graph eager
+        when even that fails. Warns once per graph."""
+        if self.split_unsupported:
+            for dynamic_shapes in [spec, None] if spec is not None else [None]:
+                try:
+                    parts = partition(
+                        self.graph.gm,
+                        self._kept(args),
+                        dynamic_shapes,
+                        lambda region: _DynamoGraph(region, self.options, split_unsupported=False),
+                    )
+                except Exception as e:  # noqa: BLE001 - any failure: the whole graph eagerly
+                    _log.debug("ember: splitting the graph failed (%s)", e)
+                    continue
+                if not parts.unsupported:
+                    # Every op is supported by name; one refused its particular arguments
+                    # (the error says which): splitting would only compile the same refusal.
+                    break
+                self._warn(
+                    f"ember: {', '.join(parts.unsupported)} not supported; running "
+                    f"{'it' if len(parts.unsupported) == 1 else 'them'} eagerly and the "
+                    f"rest of the graph as {parts.regions} compiled region(s)"
+                )
+                run_split = _split_runner(self.graph, parts.module)
+                if dynamic_shapes is not None:
+                    self.dynamic = run_split
+                return run_split
+        self._warn(
+            f"ember: running this graph eagerly because it uses an op Ember does not "
+            f"support: {error}"
+        )
+        return self.gm.forward
+
+    def _warn(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(message, stacklevel=5)
 
     def __call__(self, *args: Any) -> Any:
         if self.dynamic is not None:
@@ -150,9 +192,39 @@ class _DynamoGraph:
         return fn(*args)
 
 
+def _split_runner(graph: DynamoGraph, module: torch.fx.GraphModule) -> Callable[..., Any]:
+    def run_split(*call_args: Any) -> Any:
+        return graph.rebuild(call_args, module(*[call_args[i] for i in graph.kept]))
+
+    return run_split
+
+
+class _ScalarSpecialized:
+    """A Dynamo graph with lifted float inputs (see ``lifted_scalars``): one graph per set of
+    their values, each with constants in their place."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: Options, positions: list[int]):
+        self.gm = gm
+        self.options = options
+        self.positions = positions
+        self.graphs: dict[tuple[Any, ...], _DynamoGraph] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        values = tuple(args[i].item() for i in self.positions)
+        graph = self.graphs.get(values)
+        if graph is None:
+            specialized = with_scalars(self.gm, dict(zip(self.positions, values, strict=True)))
+            graph = self.graphs[values] = _DynamoGraph(specialized, self.options)
+        return graph(*args)
+
+
 def ember_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
     """The Dynamo backend registered as ``"ember"``."""
     del example_inputs  # compiled on first call, with real inputs
-    return _DynamoGraph(gm, Options.from_dict(options))
+    opts = Options.from_dict(options)
+    positions = lifted_scalars(gm)
+    if positions:
+        return _ScalarSpecialized(gm, opts, positions)
+    return _DynamoGraph(gm, opts)

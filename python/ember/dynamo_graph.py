@@ -187,3 +187,38 @@ def _sizes_graph(gm: torch.fx.GraphModule, leaves: list[torch.fx.Node]) -> torch
             env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[leaf] for leaf in leaves))
     return torch.fx.GraphModule(gm, graph)
+
+
+def lifted_scalars(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the inputs Dynamo lifted from Python floats (with ``dynamic=True``, a
+    module attribute such as a norm's ``eps`` arrives as a 0-d tensor read by ``.item()``).
+    Ember's ops take such values as constants, so the graph is specialized on them."""
+    positions = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        example = node.meta.get("example_value")
+        if (
+            isinstance(example, torch.Tensor)
+            and example.dim() == 0
+            and node.users
+            and all(u.op == "call_method" and u.target == "item" for u in node.users)
+        ):
+            positions.append(i)
+    return positions
+
+
+def with_scalars(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` in which each ``.item()`` of input ``i`` is the constant
+    ``values[i]`` (the input itself stays, unused)."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    read = {
+        user: values[i] for i, node in enumerate(placeholders) if i in values for user in node.users
+    }
+    for node in gm.graph.nodes:
+        if node in read:
+            env[node] = read[node]
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(gm, graph)

@@ -122,3 +122,20 @@ def test_graph_returning_the_size_of_an_intermediate():
             torch.testing.assert_close(got[0], want[0])
             assert got[1] == want[1] and isinstance(got[1], int)
     assert programs_compiled() - before == 1
+
+
+def test_dynamic_true_with_float_module_attributes():
+    """With ``dynamic=True`` Dynamo passes a norm's ``eps`` (a Python float attribute) as a
+    0-d tensor read by ``.item()``; Ember specializes on its value: one program for every
+    batch size, and another ``eps`` gets its own."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)).eval()
+    compiled = torch.compile(model, backend="ember", dynamic=True, options={"fallback": "error"})
+    before = programs_compiled()
+    with torch.no_grad():
+        for rows in (2, 3, 5):
+            x = rand(rows, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert programs_compiled() - before == 1
+        model[1].eps = 0.5  # a changed attribute: Dynamo passes the new value
+        x = rand(4, 16)
+        torch.testing.assert_close(compiled(x), model(x))

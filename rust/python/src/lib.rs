@@ -182,6 +182,13 @@ fn load_pt2(
     })
 }
 
+/// Whether the PT2 frontend translates the op `target` (serialized form, e.g.
+/// `torch.ops.aten.add.Tensor`); the torch.compile backend partitions graphs with it.
+#[pyfunction]
+fn pt2_supports(target: &str) -> bool {
+    pt2::supports(target)
+}
+
 fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
     match name {
         // Starting a thread pool can fail (and panic) when the OS refuses threads.
@@ -487,6 +494,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Program>()?;
     m.add_class::<Executable>()?;
     m.add_function(wrap_pyfunction!(load_pt2, m)?)?;
+    m.add_function(wrap_pyfunction!(pt2_supports, m)?)?;
     m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add("cuda_built", cfg!(feature = "cuda"))?;

@@ -13,3 +13,10 @@ mod translate;
 
 pub use archive::Source;
 pub use translate::{load, Pt2Program, MUTATION_PREFIX};
+
+/// Whether Ember translates the exported-program op `target` (as serialized, e.g.
+/// `torch.ops.aten.add.Tensor` or `_operator.mul`). Decided by name: a supported op can
+/// still refuse particular arguments when the graph is loaded.
+pub fn supports(target: &str) -> bool {
+    ops::handler(target).is_some()
+}
