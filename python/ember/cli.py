@@ -20,10 +20,20 @@ def _median_ms(fn, args, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+DEMO_MODELS = ("llama", "qwen", "gpt2", "bert", "resnet", "mobilenet")
+
+
 def _demo_model(name: str, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """A built-in model, its inputs and a one-line description."""
     from ember.models import Llama, LlamaConfig, MobileNet, ResNet
 
+    if name in ("qwen", "gpt2", "bert"):
+        from ember import hf_models
+
+        hf = hf_models.build(name)
+        inputs = hf_models.forward_inputs(2, seq)
+        what = f"{hf_models.describe(name, hf)}, 2 sequences of {seq} tokens (one padded)"
+        return hf_models.MainOutput(hf).eval(), inputs, what
     if name == "llama":
         cfg = LlamaConfig()
         model = Llama(cfg).eval()
@@ -42,9 +52,13 @@ def _demo_model(name: str, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tenso
 def demo(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ember demo", description=demo.__doc__)
     parser.add_argument(
-        "--model", choices=("llama", "resnet", "mobilenet"), default="llama", help="model"
+        "--model",
+        choices=DEMO_MODELS,
+        default="llama",
+        help="llama: Ember's built-in llama-style decoder; qwen, gpt2, bert: transformers "
+        "models of small random configs (needs transformers); resnet, mobilenet: CNNs",
     )
-    parser.add_argument("--seq", type=int, default=64, help="prompt length (llama)")
+    parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     args = parser.parse_args(argv)
@@ -52,7 +66,11 @@ def demo(argv: list[str]) -> int:
     import ember
 
     torch.manual_seed(0)
-    model, inputs, what = _demo_model(args.model, args.seq)
+    try:
+        model, inputs, what = _demo_model(args.model, args.seq)
+    except ImportError as e:
+        print(f"ember demo --model {args.model}: {e}", file=sys.stderr)
+        return 2
     print(
         f"Ember {ember.__version__} demo: {what}, "
         f"{args.threads or torch.get_num_threads()} thread(s)"
@@ -94,7 +112,7 @@ def demo(argv: list[str]) -> int:
 
 
 demo.__doc__ = (
-    "Compile a built-in model (llama, resnet, mobilenet) and compare it with eager PyTorch."
+    f"Compile a built-in model ({', '.join(DEMO_MODELS)}) and compare it with eager PyTorch."
 )
 
 
