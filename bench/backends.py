@@ -16,6 +16,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from bench.generation import GenerationLoop
+
 
 @dataclasses.dataclass
 class Prepared:
@@ -29,6 +31,7 @@ class Prepared:
 class Backend:
     name: str
     prepare: Callable[[nn.Module, tuple[torch.Tensor, ...], int], Prepared]
+    runs_generation: bool = False  # compiles a `GenerationLoop`'s forward
 
 
 def flatten_outputs(out: Any) -> list[torch.Tensor]:
@@ -44,6 +47,10 @@ def _eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> 
 def _ember(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
     import ember
 
+    if isinstance(model, GenerationLoop):
+        options = {"num_threads": threads, "quiet": True}
+        loop = model.with_forward(lambda f: torch.compile(f, backend="ember", options=options))
+        return Prepared(lambda: loop(*inputs), note='torch.compile(forward, backend="ember")')
     compiled = ember.compile(model, *inputs, num_threads=threads)
     return Prepared(lambda: compiled(*inputs))
 
@@ -51,6 +58,9 @@ def _ember(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> 
 def _inductor(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
     # Inductor compiles on the first call (the runner times that call as setup); its C++
     # kernels use torch's thread count at compile time, which the runner has already set.
+    if isinstance(model, GenerationLoop):
+        loop = model.with_forward(torch.compile)
+        return Prepared(lambda: loop(*inputs))
     compiled = torch.compile(model)
     return Prepared(lambda: compiled(*inputs))
 
@@ -107,9 +117,9 @@ def _ember_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int
     return Prepared(lambda: runner(*arrays), note=exporter)
 
 
-EAGER = Backend("eager", _eager)
-EMBER = Backend("Ember", _ember)
-INDUCTOR = Backend("Inductor", _inductor)
+EAGER = Backend("eager", _eager, runs_generation=True)
+EMBER = Backend("Ember", _ember, runs_generation=True)
+INDUCTOR = Backend("Inductor", _inductor, runs_generation=True)
 ORT = Backend("ORT", _onnxruntime)
 EMBER_ONNX = Backend("Ember (ONNX file)", _ember_onnx)
 

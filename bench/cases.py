@@ -17,7 +17,10 @@ from ember.models import (
 )
 from torch import nn
 
+from bench.generation import llama_generation
+
 SEED = 0
+GENERATED_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Case:
     title: str
     description: str
     build: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+    tokens: int = 0  # new tokens per call, for generation loops (the report adds tokens/s)
 
     def make(self) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         """The model (eval mode, no gradients) and its inputs, built from a fixed seed."""
@@ -62,6 +66,10 @@ def _chain() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 def _cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return ResNet(), (torch.randn(4, 3, 64, 64),)
+
+
+def _generate() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return llama_generation(tokens=GENERATED_TOKENS, prompt=16)
 
 
 _cfg = LlamaConfig()
@@ -100,6 +108,18 @@ CASES: dict[str, Case] = {
             "`ember.models.ResNet()` (3×3 stem, max pool, 6 basic blocks of widths 32/64/128 with "
             "eval batch norm, global average pool, linear head), input [4, 3, 64, 64]",
             _cnn,
+        ),
+        Case(
+            "generate",
+            "transformers Llama generation loop",
+            "`transformers.LlamaForCausalLM` (`ember.hf_models`: 4 layers, hidden 256, 8 heads / "
+            "4 KV heads, vocab 1024, random weights): greedy `generate()` of "
+            f"{GENERATED_TOKENS} new tokens after a 16-token prompt, with a `DynamicCache`. "
+            "Each backend compiles the model's `forward` (`torch.compile(model.forward, "
+            'backend="ember")`, Inductor\'s default); ORT and Ember (ONNX file) do not run '
+            "generation loops. Output: the token ids.",
+            _generate,
+            tokens=GENERATED_TOKENS,
         ),
     )
 }

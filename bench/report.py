@@ -130,6 +130,13 @@ def table_lines(case_result: CaseResult) -> list[str]:
             notes.append(f"* {r.backend}: {_cell(r.note)}")
         if r.median_ms is not None and not r.valid:
             notes.append(f"* {r.backend}: **invalid output** — {_cell(r.invalid_reason)}")
+    if case_result.case.tokens:
+        rates = [
+            f"{r.backend} {case_result.case.tokens / (r.median_ms / 1e3):.0f}"
+            for r in case_result.results
+            if r.median_ms is not None and r.valid
+        ]
+        notes.append(f"* Tokens/s (new tokens per second of the median call): {', '.join(rates)}")
     return lines + ([""] + notes if notes else [])
 
 

@@ -14,6 +14,7 @@ import torch
 
 from bench.backends import Backend, first_line, flatten_outputs
 from bench.cases import Case
+from bench.generation import GenerationLoop
 
 # An output counts as correct when max |out - eager| <= ATOL + RTOL * max |eager|. Backends
 # reorder float32 sums (GEMM blocking, fused reductions), so they may differ from eager by
@@ -108,6 +109,8 @@ def run_case(
 ) -> CaseResult:
     torch.manual_seed(0)
     model, inputs = case.make()
+    if isinstance(model, GenerationLoop):
+        backends = [b for b in backends if b.runs_generation]
     results = [Result(b.name) for b in backends]
     calls: dict[str, Callable[[], Any]] = {}
     with torch.no_grad():
