@@ -18,7 +18,13 @@ import torch
 
 from ember import _core
 from ember.compiled import CompiledModel
-from ember.dynamo_graph import DynamoGraph, lifted_scalars, split, with_scalars
+from ember.dynamo_graph import (
+    DynamoGraph,
+    lifted_scalars,
+    split,
+    weight_inputs,
+    with_constants,
+)
 from ember.errors import InputError, UnsupportedOpError
 from ember.export import (
     dynamo_dynamic_shapes,
@@ -74,23 +80,27 @@ class _DynamoGraph:
     def _kept(self, args: Sequence[Any]) -> list[Any]:
         return [args[i] for i in self.graph.kept]
 
+    def _tensor_positions(self, args: Sequence[Any]) -> list[int]:
+        """Positions of the call's arguments that are the compiled program's inputs."""
+        return [i for i in self.graph.kept if isinstance(args[i], torch.Tensor)]
+
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         if self.options.export == "onnx":
             return self._build_onnx(args, dynamic_shapes)
         ep = export_program(self.graph.gm, self._kept(args), dynamic_shapes=dynamic_shapes)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
-        shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        tensor_positions = self._tensor_positions(args)
+        tensors = [args[i] for i in tensor_positions]
         model = CompiledModel(
             program,
             self.options,
             live_weights(ep),
             ep.call_spec.out_spec,
-            shapes,
-            example_inputs=[a for a in args if isinstance(a, torch.Tensor)],
+            [list(t.shape) for t in tensors],
+            example_inputs=tensors,
         )
         global _programs_compiled
         _programs_compiled += 1
-        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if self.graph.exports_everything():
 
             def run(*call_args: Any) -> Any:
@@ -110,11 +120,10 @@ class _DynamoGraph:
         from ember.onnx import compile_with
 
         data = export_onnx_bytes(self.graph.gm, self._kept(args), dynamic_shapes)
-        shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        runner = compile_with(data, self.options, shapes)
+        tensor_positions = self._tensor_positions(args)
+        runner = compile_with(data, self.options, [list(args[i].shape) for i in tensor_positions])
         global _programs_compiled
         _programs_compiled += 1
-        tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
         def run(*call_args: Any) -> Any:
             outs = runner(*[call_args[i] for i in tensor_positions])
@@ -199,23 +208,32 @@ def _split_runner(graph: DynamoGraph, module: torch.fx.GraphModule) -> Callable[
     return run_split
 
 
-class _ScalarSpecialized:
-    """A Dynamo graph with lifted float inputs (see ``lifted_scalars``): one graph per set of
-    their values, each with constants in their place."""
+class _Specialized:
+    """A Dynamo graph whose inputs include what Ember compiles as constants: lifted floats
+    (see ``lifted_scalars``; by value) and module parameters and buffers (see
+    ``weight_inputs``; by identity, so in-place updates are still seen). One graph per set
+    of them, each built with constants in their place."""
 
-    def __init__(self, gm: torch.fx.GraphModule, options: Options, positions: list[int]):
+    def __init__(
+        self, gm: torch.fx.GraphModule, options: Options, scalars: list[int], weights: list[int]
+    ) -> None:
         self.gm = gm
         self.options = options
-        self.positions = positions
-        self.graphs: dict[tuple[Any, ...], _DynamoGraph] = {}
+        self.scalars = scalars
+        self.weights = weights
+        # key -> (graph, the weight tensors: held so that their ids stay theirs)
+        self.graphs: dict[tuple[Any, ...], tuple[_DynamoGraph, list[Any]]] = {}
 
     def __call__(self, *args: Any) -> Any:
-        values = tuple(args[i].item() for i in self.positions)
-        graph = self.graphs.get(values)
-        if graph is None:
-            specialized = with_scalars(self.gm, dict(zip(self.positions, values, strict=True)))
-            graph = self.graphs[values] = _DynamoGraph(specialized, self.options)
-        return graph(*args)
+        values = tuple(args[i].item() for i in self.scalars)
+        key = values + tuple(id(args[i]) for i in self.weights)
+        entry = self.graphs.get(key)
+        if entry is None:
+            weights = {i: args[i] for i in self.weights}
+            scalars = dict(zip(self.scalars, values, strict=True))
+            graph = _DynamoGraph(with_constants(self.gm, scalars, weights), self.options)
+            entry = self.graphs[key] = (graph, list(weights.values()))
+        return entry[0](*args)
 
 
 def ember_backend(
@@ -224,7 +242,7 @@ def ember_backend(
     """The Dynamo backend registered as ``"ember"``."""
     del example_inputs  # compiled on first call, with real inputs
     opts = Options.from_dict(options)
-    positions = lifted_scalars(gm)
-    if positions:
-        return _ScalarSpecialized(gm, opts, positions)
+    scalars, weights = lifted_scalars(gm), weight_inputs(gm)
+    if scalars or weights:
+        return _Specialized(gm, opts, scalars, weights)
     return _DynamoGraph(gm, opts)

@@ -148,6 +148,13 @@ def split(gm: torch.fx.GraphModule) -> DynamoGraph:
             graph.erase_node(copy)
             continue
         kept.append(i)
+    # Tensor inputs the graph does not read (weights bound as constants, see
+    # `with_constants`) are not exported.
+    for i in list(kept):
+        copy = env[placeholders[i]]
+        if not copy.users and isinstance(placeholders[i].meta.get("example_value"), torch.Tensor):
+            graph.erase_node(copy)
+            kept.remove(i)
     graph.lint()
     return DynamoGraph(torch.fx.GraphModule(gm, graph), kept, sizes, outputs, out_spec)
 
@@ -207,18 +214,58 @@ def lifted_scalars(gm: torch.fx.GraphModule) -> list[int]:
     return positions
 
 
-def with_scalars(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+def weight_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the inputs that are module parameters and buffers (Dynamo passes them as
+    graph inputs). Ember binds them as weights: compiled in (pre-packed, folded), not read
+    on every call."""
+    positions = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        grapharg = node.meta.get("grapharg")
+        source = getattr(getattr(grapharg, "source", None), "name", "")
+        source = source() if callable(source) else source
+        if isinstance(source, str) and ("._parameters[" in source or "._buffers[" in source):
+            positions.append(i)
+    return positions
+
+
+def with_constants(
+    gm: torch.fx.GraphModule, scalars: dict[int, Any], weights: dict[int, torch.Tensor]
+) -> torch.fx.GraphModule:
     """A copy of ``gm`` in which each ``.item()`` of input ``i`` is the constant
-    ``values[i]`` (the input itself stays, unused)."""
+    ``scalars[i]`` and input ``j`` is the module attribute ``weights[j]`` (a parameter or
+    buffer of the copy, which ``torch.export`` lifts as a weight). The inputs stay in the
+    signature, unread."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     read = {
-        user: values[i] for i, node in enumerate(placeholders) if i in values for user in node.users
+        user: value
+        for i, value in scalars.items()
+        for user in placeholders[i].users  # the `.item()` calls
     }
     for node in gm.graph.nodes:
-        if node in read:
-            env[node] = read[node]
-        else:
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    return torch.fx.GraphModule(gm, graph)
+        env[node] = read[node] if node in read else graph.node_copy(node, lambda n: env[n])
+    # Attributes by qualified name: the graph's own (constants, submodules) and the weights.
+    attrs: dict[str, Any] = {
+        node.target: _attribute(gm, node.target)
+        for node in gm.graph.nodes
+        if node.op in ("get_attr", "call_module") and isinstance(node.target, str)
+    }
+    with graph.inserting_before(_first_non_placeholder(graph)):
+        for i, tensor in weights.items():
+            name = f"ember_weight_{i}"
+            attrs[name] = tensor  # a Parameter stays one; export lifts both kinds as weights
+            attr = graph.get_attr(name)
+            attr.meta = dict(placeholders[i].meta)
+            env[placeholders[i]].replace_all_uses_with(attr)
+    module = torch.fx.GraphModule(attrs, graph)
+    module.train(gm.training)
+    return module
+
+
+def _attribute(module: torch.nn.Module, qualified: str) -> Any:
+    value: Any = module
+    for part in qualified.split("."):
+        value = getattr(value, part)
+    return value

@@ -194,3 +194,42 @@ def test_reference_backend_agrees_with_cpu_backend():
     fast = ember.compile(model, x)
     ref = ember.compile(model, x, backend="reference")
     torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-6)
+
+
+class _ConvBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def _randomize_bn(bn: torch.nn.BatchNorm2d) -> None:
+    with torch.no_grad():
+        bn.running_mean.copy_(rand(bn.num_features))
+        bn.running_var.copy_(rand(bn.num_features).abs() + 0.5)
+
+
+def test_torch_compile_binds_parameters_and_buffers_as_weights():
+    """Dynamo passes parameters and buffers as graph inputs; Ember compiles them in as
+    weights (so batch norm folds into the conv), and still sees in-place updates, replaced
+    parameters, and another instance of the same class running through the same graph."""
+    first, second = _ConvBlock().eval(), _ConvBlock().eval()
+    _randomize_bn(first.bn)
+    _randomize_bn(second.bn)
+    x = rand(2, 3, 8, 8)
+    with torch.no_grad():
+        compiled = torch.compile(first, backend="ember", options={"fallback": "error"})
+        torch.testing.assert_close(compiled(x), first(x))
+        first.conv.weight.mul_(2)  # in place
+        first.bn.running_var.add_(1)  # a buffer, in place
+        torch.testing.assert_close(compiled(x), first(x))
+        first.head.weight = torch.nn.Parameter(rand(4, 8))  # replaced
+        torch.testing.assert_close(compiled(x), first(x))
+        other = torch.compile(second, backend="ember", options={"fallback": "error"})
+        for _ in range(2):  # alternating instances: each keeps its own weights
+            torch.testing.assert_close(other(x), second(x))
+            torch.testing.assert_close(compiled(x), first(x))
