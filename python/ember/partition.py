@@ -120,6 +120,37 @@ def _flat_module(unlifted: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return module
 
 
+def _move_weights_into(
+    parent: torch.fx.GraphModule, call: torch.fx.Node, region: torch.fx.GraphModule
+) -> None:
+    """Weights the parent passes to ``region`` become the region's own attributes, so Ember
+    compiles them in (pre-packed, folded) instead of reading them as inputs on every call."""
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    kept_args = []
+    for arg, placeholder in zip(call.args, placeholders, strict=True):
+        value: Any = None
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            value = parent
+            for part in str(arg.target).split("."):
+                value = getattr(value, part)
+        if not isinstance(value, torch.Tensor):
+            kept_args.append(arg)
+            continue
+        attr_name = f"weight_{placeholder.name}"
+        if isinstance(value, torch.nn.Parameter):
+            region.register_parameter(attr_name, value)
+        else:
+            region.register_buffer(attr_name, value)
+        with region.graph.inserting_after(placeholders[-1]):
+            attr = region.graph.get_attr(attr_name)
+        attr.meta = dict(placeholder.meta)
+        placeholder.replace_all_uses_with(attr)
+        region.graph.erase_node(placeholder)
+    call.args = tuple(kept_args)
+    region.recompile()
+    parent.recompile()
+
+
 def partition(
     gm: torch.fx.GraphModule,
     args: Sequence[Any],
@@ -143,10 +174,16 @@ def partition(
     partitioner = CapabilityBasedPartitioner(module, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions() if _worth_compiling(p)]
     module = partitioner.fuse_partitions(partitions, prefix=REGION_PREFIX)
+    calls = {
+        node.target: node
+        for node in module.graph.nodes
+        if node.op == "call_module" and str(node.target).startswith(REGION_PREFIX)
+    }
     regions = 0
     for name, sub in list(module.named_children()):
-        if not name.startswith(REGION_PREFIX) or not isinstance(sub, torch.fx.GraphModule):
+        if name not in calls or not isinstance(sub, torch.fx.GraphModule):
             continue
+        _move_weights_into(module, calls[name], sub)
         # Region graphs carry the export's fake values as "val"; the Dynamo-graph tools
         # that compile them read Dynamo's name for it.
         for node in sub.graph.nodes:

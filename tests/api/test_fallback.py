@@ -74,6 +74,12 @@ def test_unsupported_ops_run_eagerly_between_compiled_regions():
     torch.testing.assert_close(_no_warnings(compiled, y), model(y))
     assert programs_compiled() - before == 3
 
+    # The regions hold the weights by pointer: in-place updates are seen.
+    with torch.no_grad():
+        model.first.weight.mul_(2)
+        model.norm.bias.add_(1)
+    torch.testing.assert_close(_no_warnings(compiled, y), model(y))
+
 
 def test_split_graph_inputs_are_not_mutated():
     model = Sandwich().eval()
