@@ -2,6 +2,7 @@
 program serves every size — a growing decode loop does not recompile per step."""
 
 import ember
+import pytest
 import torch
 from conftest import rand
 from ember.backend import programs_compiled
@@ -139,3 +140,32 @@ def test_dynamic_true_with_float_module_attributes():
         model[1].eps = 0.5  # a changed attribute: Dynamo passes the new value
         x = rand(4, 16)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class _SelfMixer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = self.norm(self.proj(x))
+        return (h @ h.transpose(1, 2) / 4).softmax(-1) @ h
+
+
+def test_export_dims_become_symbols_of_one_program(tmp_path):
+    """A program exported with ``torch.export.Dim``s, saved, and compiled once by
+    ``ember.compile_pt2`` serves every size in the dims' ranges."""
+    model = _SelfMixer().eval()
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("seq", min=2, max=64)
+    with torch.no_grad():
+        ep = torch.export.export(model, (rand(2, 5, 16),), dynamic_shapes=({0: batch, 1: seq},))
+    path = tmp_path / "mixer.pt2"
+    torch.export.save(ep, path)
+    compiled = ember.compile_pt2(path)
+    with torch.no_grad():
+        for shape in ((1, 2), (2, 5), (3, 17), (8, 64)):
+            x = rand(*shape, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ember.InputError):
+        compiled(rand(9, 4, 16))  # outside the exported range
