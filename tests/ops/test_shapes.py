@@ -1,5 +1,5 @@
 """Views and data movement: view/reshape/permute/transpose/expand/(un)squeeze/flatten,
-slicing with steps, select/narrow, cat/stack/split/chunk, flip, pad, repeat."""
+slicing with steps, select/narrow, cat/stack/split/chunk, flip, pad, repeat, as_strided."""
 
 import pytest
 import torch
@@ -30,6 +30,15 @@ SHAPE_OPS = {
     "unbind": lambda x: [t + 0 for t in x.unbind(0)],
     "pad": lambda x: F.pad(x, (1, 2, 0, 1), value=0.5),
     "pad_crop": lambda x: F.pad(x, (-1, 1)),
+    # as_strided of a computed (contiguous) value: a restride of size-1 dims is a reshape;
+    # overlapping windows, a transpose and an offset read are gathers.
+    "as_strided_size1": lambda x: (
+        torch.as_strided(x.sum(2, keepdim=True), (2, 3, 1), (3, 1, 9)) * 2
+    ),
+    "as_strided_windows": lambda x: torch.as_strided(x * 2, (11, 4), (2, 1)) + 1,
+    "as_strided_transpose": lambda x: torch.as_strided(x + 1, (4, 6), (1, 4)) * 1,
+    "as_strided_offset": lambda x: torch.as_strided(x * 1, (2, 2, 3), (12, 4, 1), 5) + 0,
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x, 1) * 2,
 }
 
 

@@ -1,5 +1,6 @@
 //! Shape and layout ops: view/reshape, permute/transpose, expand, (un)squeeze, slice,
-//! select, narrow, cat/stack, split/chunk/unbind, flip, repeat, pad; symbolic sizes.
+//! select, narrow, cat/stack, split/chunk/unbind, flip, repeat, pad, as_strided; symbolic
+//! sizes.
 
 use super::{axis, tensor, Handler};
 use crate::dim::{numel, Dim, DimOp};
@@ -7,7 +8,11 @@ use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
+use crate::frontend::resample::index_const;
 use crate::ir::{Op, ValueId};
+
+/// The most elements an `as_strided` gather may index through a constant index table.
+const MAX_STRIDED_GATHER: usize = 1 << 24;
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -31,6 +36,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("unflatten", "int") => unflatten,
         ("repeat", "default") => repeat,
         ("constant_pad_nd", "default") => pad,
+        ("as_strided" | "as_strided_copy", "default") => as_strided,
         ("sym_size", "int") => sym_size,
         ("sym_numel", "default") => sym_numel,
         ("_assert_tensor_metadata" | "_assert_scalar" | "sym_constrain_range_for_size", _) => {
@@ -512,4 +518,77 @@ fn sym_size(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
 fn sym_numel(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
     Ok(Out::Sym(numel(&ctx.b.shape(x))))
+}
+
+/// `as_strided(x, size, stride, offset)`: in an exported (functional) program `x` is a
+/// contiguous value, so this reads x's row-major elements at `offset + Σ iₖ·strideₖ`. A
+/// reshape when those are the size's own contiguous strides (torch's decompositions emit
+/// that to restride size-1 dims, e.g. `adaptive_avg_pool1d`); otherwise a gather of the flat
+/// value by a constant index table.
+fn as_strided(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let refuse = |why: String| Error::unsupported_because("aten.as_strided", &n.name, why);
+    let size = n
+        .ints("size", 1)
+        .map_err(|_| refuse("symbolic sizes".into()))?;
+    let stride = n
+        .ints("stride", 2)
+        .map_err(|_| refuse("symbolic strides".into()))?;
+    let offset = n.opt_int("storage_offset", 3)?.unwrap_or(0);
+    let Some(total) = ctx
+        .b
+        .shape(x)
+        .iter()
+        .map(Dim::as_const)
+        .product::<Option<i64>>()
+    else {
+        return Err(refuse("an input of symbolic size".into()));
+    };
+    if size.len() != stride.len() || size.iter().chain(&stride).any(|&v| v < 0) || offset < 0 {
+        return Err(Error::Compile(format!(
+            "node '{}': as_strided size {size:?} and stride {stride:?} (offset {offset}) do not \
+             describe a view",
+            n.name
+        )));
+    }
+    let count: i64 = size.iter().product();
+    let shape: Vec<Dim> = size.iter().map(|&d| Dim::Const(d)).collect();
+    let mut contiguous = offset == 0 && count == total;
+    let mut expected = 1;
+    for (&d, &st) in size.iter().zip(&stride).rev() {
+        contiguous &= d <= 1 || st == expected;
+        expected *= d;
+    }
+    if contiguous {
+        return Ok(Out::Value(ctx.b.reshape(x, shape)?));
+    }
+    if count as usize > MAX_STRIDED_GATHER {
+        return Err(refuse(format!(
+            "a strided gather of {count} elements (at most {MAX_STRIDED_GATHER})"
+        )));
+    }
+    let mut index = Vec::with_capacity(count as usize);
+    let mut at = vec![0i64; size.len()];
+    for _ in 0..count {
+        let flat = offset + at.iter().zip(&stride).map(|(i, s)| i * s).sum::<i64>();
+        if flat >= total {
+            return Err(Error::Compile(format!(
+                "node '{}': as_strided size {size:?} stride {stride:?} offset {offset} reads \
+                 element {flat} of an input with {total}",
+                n.name
+            )));
+        }
+        index.push(flat);
+        for k in (0..size.len()).rev() {
+            at[k] += 1;
+            if at[k] < size[k] {
+                break;
+            }
+            at[k] = 0;
+        }
+    }
+    let flat = ctx.b.reshape(x, vec![Dim::Const(total)])?;
+    let index = index_const(&mut ctx.b, &index)?;
+    let picked = ctx.b.op(Op::IndexSelect { axis: 0 }, &[flat, index])?;
+    Ok(Out::Value(ctx.b.reshape(picked, shape)?))
 }
