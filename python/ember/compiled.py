@@ -183,6 +183,11 @@ class CompiledModel:
         self._exe = self._exe.rebind(bound)
 
     @property
+    def device(self) -> str:
+        """Where the program runs: "cpu" or "cuda"."""
+        return self._device
+
+    @property
     def input_names(self) -> list[str]:
         return self._program.input_names
 

@@ -3,7 +3,8 @@
 The model is decoded and translated in Rust (nothing in it is executed); initializers become
 weights owned by the compiled program. The returned :class:`OnnxModel` takes numpy arrays or
 torch tensors, positionally or by input name, and returns the graph's outputs in order:
-numpy in → numpy out, torch in → torch out.
+numpy in → numpy out, torch in → torch out. On ``device="cuda"`` host inputs are copied to
+the GPU and numpy outputs back; torch tensors come back on the GPU.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ class OnnxModel:
                 raise InputError(
                     f"input {name!r} must be a numpy array or a torch tensor, got {type(x)}"
                 )
+        if self._compiled.device == "cuda":
+            tensors = [t.to("cuda", non_blocking=True) for t in tensors]
         outs = self._compiled.run_flat(tensors)
         # numpy in → numpy out (a model with no inputs returns numpy too).
-        return [o.numpy() for o in outs] if numpy_in else outs
+        return [o.cpu().numpy() for o in outs] if numpy_in else outs
 
 
 def _from_numpy(x: np.ndarray, name: str) -> torch.Tensor:
@@ -109,14 +112,15 @@ def _from_numpy(x: np.ndarray, name: str) -> torch.Tensor:
 
 
 def compile_onnx(model: Any, device: str = "cpu", **options: Any) -> OnnxModel:
-    """Compiles an ONNX model for ``device``.
+    """Compiles an ONNX model for ``device`` ("cpu" or "cuda"; the weights are uploaded to
+    the GPU once).
 
     ``model`` is a path (external-data files are read from its folder; locations that leave
     the folder are refused), serialized bytes, or an ``onnx.ModelProto``.
     """
-    if device != "cpu":
-        raise ValueError(f"compile_onnx device={device!r}; valid: cpu")
-    return compile_with(model, Options.from_dict(options))
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"compile_onnx device={device!r}; valid: cpu, cuda")
+    return compile_with(model, Options.from_dict({**options, "device": device}))
 
 
 def compile_with(
