@@ -240,3 +240,33 @@ def test_architecture_compiles_whole_and_matches_eager(name):
     assert want.abs().max() > 0, "a degenerate configuration: the output is all zeros"
     torch.testing.assert_close(got, want, **TOL)
     assert programs_compiled() > before, "Ember did not compile this model"
+
+
+DECODERS = [
+    "phi3", "phi", "falcon", "opt", "gpt_neox", "gptj", "bloom", "stablelm", "olmo", "granite",
+    "starcoder2", "gemma2",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_generate_matches_eager_with_few_programs(name):
+    """32 greedy tokens with a DynamicCache, token-identical to eager, three programs
+    (prefill, first step, every later step)."""
+    torch.manual_seed(0)
+    model = ZOO[name]().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:  # far-apart logits: greedy choices are not decided by rounding
+                p.normal_(0, 0.2)
+    prompt = torch.randint(1, VOCAB, (1, 5))
+    settings = {"max_new_tokens": 32, "min_new_tokens": 32, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(prompt, **settings)
+        before = programs_compiled()
+        model.forward = torch.compile(
+            model.forward, backend="ember", options={"fallback": "error", "search_iterations": 0}
+        )
+        got = model.generate(prompt, **settings)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert 1 <= programs_compiled() - before <= 4
