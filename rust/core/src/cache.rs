@@ -1,6 +1,7 @@
 //! The compile cache (DESIGN §5): the optimizer's choice for a graph, keyed by the graph's
-//! canonical text, the backend's device, Ember's version and the example sizes, so a second
-//! process compiling the same model skips the search.
+//! canonical text, the backend's device, Ember's version and the example sizes' buckets
+//! (powers of two), so a second process compiling the same model skips the search, also when
+//! a program with symbolic dims first sees other sizes of the same bucket.
 //!
 //! An entry stores the chosen genome and a fingerprint of the program it built. A hit
 //! rebuilds the program from the genome and uses it only if the fingerprint matches, so an
@@ -62,10 +63,18 @@ impl Cache {
         }
     }
 
-    /// The key of a compile: graph, device, Ember version and example input shapes.
+    /// The key of a compile: graph, device, Ember version and the example input shapes'
+    /// dim buckets. A static graph's text already holds its sizes; for symbolic dims the
+    /// choice measured at one size stands for its bucket (sizes up to the same power of two).
     pub fn key(graph: &Graph, device: &str, input_shapes: Option<&[Vec<usize>]>) -> String {
+        let buckets: Option<Vec<Vec<usize>>> = input_shapes.map(|shapes| {
+            shapes
+                .iter()
+                .map(|s| s.iter().map(|&d| d.next_power_of_two()).collect())
+                .collect()
+        });
         let text = format!(
-            "{graph}\n{device}\n{}\n{input_shapes:?}",
+            "{graph}\n{device}\n{}\n{buckets:?}",
             env!("CARGO_PKG_VERSION")
         );
         format!("{:016x}", stable_hash(&text))
@@ -94,5 +103,22 @@ impl Cache {
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, self.path(key));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_one_power_of_two_bucket_share_a_key() {
+        let g = Graph::default();
+        let key = |shapes: &[Vec<usize>]| Cache::key(&g, "cpu", Some(shapes));
+        assert_eq!(key(&[vec![1, 5]]), key(&[vec![1, 8]]));
+        assert_eq!(key(&[vec![3, 33]]), key(&[vec![4, 64]]));
+        assert_ne!(key(&[vec![1, 8]]), key(&[vec![1, 9]]));
+        assert_ne!(key(&[vec![1, 8]]), key(&[vec![8, 1]]));
+        assert_ne!(Cache::key(&g, "cpu", None), key(&[vec![1]]));
+        assert_ne!(key(&[vec![2]]), Cache::key(&g, "cuda", Some(&[vec![2]])));
     }
 }
