@@ -39,14 +39,14 @@ from ember.partition import partition
 _log = logging.getLogger("ember")
 
 
-def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((tuple(a.shape), a.dtype, a.device.type))
-        else:
-            key.append(("value", type(a).__name__, a))
-    return tuple(key)
+def _signature(args: Sequence[Any], positions: Sequence[int]) -> tuple[Any, ...]:
+    """What a compiled program is specialized on: the shapes, dtypes and devices of the
+    tensors it reads and the values of its other arguments (not the weights, whose shapes
+    are part of the graph, nor ints that repeat a tensor's dim). Runs on every call."""
+    return tuple(
+        (a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a), a)
+        for a in (args[i] for i in positions)
+    )
 
 
 _programs_compiled = 0
@@ -193,7 +193,7 @@ class _DynamoGraph:
                 return self.dynamic(*args)
             except InputError:
                 pass  # a size outside the symbolic program's range: specialize below
-        key = _signature(args)
+        key = _signature(args, self.graph.kept)
         fn = self.compiled.get(key)
         if fn is None:
             fn = self._compile(args)
