@@ -83,6 +83,26 @@ def test_pow(backend):
     check(lambda a, b: (a.abs() ** b, a**2, 2.0**b), [rand(4, 5), rand(4, 5)], backend, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pow_small_exponents_match_eager_exactly(dtype, backend):
+    """torch computes these exponents with products, divisions and (r)sqrt, not pow; Ember
+    does the same, so products and quotients are equal to the bit (GPT-2's GELU cubes its
+    input). (torch's vectorized sqrt is not always correctly rounded, Ember's is: those two
+    are compared within tolerance by check().)"""
+
+    def fn(x):
+        a = x.abs() + 0.5
+        return x**2, x**3, torch.pow(x, 3.0), a**-1, a**-2, a**0.5, a**-0.5, x**1.5
+
+    x = rand(257, dtype=dtype) * 10
+    compiled = check(fn, [x], backend)
+    if backend == "cuda":
+        return  # GPU division rounds as the GPU does; check() compared within tolerance
+    with torch.no_grad():
+        for got, want in zip(compiled(x)[:5], fn(x)[:5], strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_scalar_promotion(backend):
     # int tensor with a float scalar becomes float32; f16 stays f16 with a float scalar.
     def fn(i, h):

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, UnaryOp};
+use crate::ir::{BinaryOp, UnaryOp, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     if unary_op(name).is_some() {
@@ -214,7 +214,41 @@ fn atan2(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
 fn pow(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let a = operand(ctx, n, "self", 0)?;
     let b = operand(ctx, n, "exponent", 1)?;
+    let dtype = ctx.b.result_type(&[a, b]);
+    if let (Operand::Tensor(x), Operand::Scalar(e), DType::F32 | DType::F64) = (a, b, dtype) {
+        if ctx.b.dtype(x) == dtype {
+            if let Some(v) = small_power(ctx, x, e.as_f64(), dtype)? {
+                return Ok(Out::Value(v));
+            }
+        }
+    }
     arith_operands(ctx, BinaryOp::Pow, a, b)
+}
+
+/// `x ** e` for the exponents torch's CPU kernel computes without `pow` (2, 3, 0.5, -0.5,
+/// -1, -2): the same products in the same order, so results match eager to the bit and
+/// cost a multiply instead of a transcendental.
+fn small_power(ctx: &mut Ctx, x: ValueId, e: f64, dtype: DType) -> Result<Option<ValueId>> {
+    let t = Operand::Tensor;
+    let one = Operand::Scalar(Scalar::Float(1.0));
+    let square = |ctx: &mut Ctx| ctx.b.binary_in(BinaryOp::Mul, t(x), t(x), dtype);
+    Ok(Some(if e == 2.0 {
+        square(ctx)?
+    } else if e == 3.0 {
+        let sq = square(ctx)?;
+        ctx.b.binary_in(BinaryOp::Mul, t(sq), t(x), dtype)?
+    } else if e == 0.5 {
+        ctx.b.unary(UnaryOp::Sqrt, x)?
+    } else if e == -0.5 {
+        ctx.b.unary(UnaryOp::Rsqrt, x)?
+    } else if e == -1.0 {
+        ctx.b.binary_in(BinaryOp::Div, one, t(x), dtype)?
+    } else if e == -2.0 {
+        let sq = square(ctx)?;
+        ctx.b.binary_in(BinaryOp::Div, one, t(sq), dtype)?
+    } else {
+        return Ok(None);
+    }))
 }
 
 fn arith_operands(ctx: &mut Ctx, op: BinaryOp, a: Operand, b: Operand) -> Result<Out> {
