@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ember
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_util import check, ints, make_model, randn, single
+from onnx_util import check, ints, make_model, ort_run, randn, single
 
 X = randn(3, 4, 5)
 POS = np.abs(randn(3, 4, 5, seed=1)) + 0.1
@@ -438,3 +439,19 @@ def test_split_squeeze_unsqueeze_pad_across_opsets(opset: int) -> None:
     }
     model = make_model(nodes, {"x": X}, ["p", "c"], inits, opset=opset)
     check(model, {"x": X})
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5, -1.0, 1.5])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_pow_constant_exponent_matches_onnxruntime_exactly(exponent, shape):
+    """ONNX Runtime computes Pow by 2, 3, 0.5 and -1 as products, sqrt or a reciprocal;
+    Ember does too: equal to the bit (other exponents: pow, within tolerance)."""
+    x = np.abs(randn(4, 33)) * 10 + 0.5
+    model = single("Pow", {"x": x}, initializers={"e": np.full(shape, exponent, np.float32)})
+    (got,) = ember.compile_onnx(model)(x)
+    (want,) = ort_run(model, {"x": x})
+    assert got.shape == want.shape
+    if exponent == 1.5:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)

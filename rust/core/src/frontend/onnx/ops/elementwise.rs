@@ -168,6 +168,33 @@ fn pow(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let x = ctx.input(n, 0)?;
     let y = ctx.input(n, 1)?;
     let dtype = ctx.b.dtype(x);
+    // ONNX Runtime computes a constant exponent of 2, 3, 0.5 or -1 as products, sqrt or a
+    // reciprocal, not pow; so does Ember (same bits, no transcendental). Only when the
+    // exponent does not broadcast x to a higher rank.
+    let scalar =
+        ctx.b.rank(y) <= ctx.b.rank(x) && ctx.b.shape(y).iter().all(|d| d.as_const() == Some(1));
+    if scalar && matches!(dtype, DType::F32 | DType::F64) {
+        if let Some([e]) = ctx.const_floats(n, 1).as_deref() {
+            let t = Operand::Tensor;
+            let b = &mut ctx.b;
+            let v = if *e == 2.0 {
+                Some(b.binary_in(BinaryOp::Mul, t(x), t(x), dtype)?)
+            } else if *e == 3.0 {
+                let sq = b.binary_in(BinaryOp::Mul, t(x), t(x), dtype)?;
+                Some(b.binary_in(BinaryOp::Mul, t(sq), t(x), dtype)?)
+            } else if *e == 0.5 {
+                Some(b.unary(UnaryOp::Sqrt, x)?)
+            } else if *e == -1.0 {
+                let one = Operand::Scalar(Scalar::Float(1.0));
+                Some(b.binary_in(BinaryOp::Div, one, t(x), dtype)?)
+            } else {
+                None
+            };
+            if let Some(v) = v {
+                return one(v);
+            }
+        }
+    }
     one(ctx
         .b
         .binary_in(BinaryOp::Pow, Operand::Tensor(x), Operand::Tensor(y), dtype)?)
