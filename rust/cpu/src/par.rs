@@ -172,3 +172,72 @@ fn offer(pool: &ThreadPool, threads: usize, n: usize, body: &(dyn Fn(usize) + Sy
         panic!("a parallel CPU kernel panicked on a helper thread");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    fn pool(threads: usize) -> Arc<ThreadPool> {
+        Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn every_chunk_runs_exactly_once_on_the_caller_and_in_the_pool() {
+        let p = pool(3);
+        for n in [0, 1, 2, 7, 64, 1000] {
+            let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+            let count = |i: usize| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            };
+            with_helpers(&p, 3, || for_each(n, count));
+            p.install(|| for_each(n, count));
+            for_each(n, count); // no helpers: sequential
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 3),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn chunks_of_a_slice_are_disjoint_and_cover_it() {
+        let p = pool(2);
+        let mut v = vec![0usize; 1003];
+        with_helpers(&p, 2, || {
+            for_chunks_mut(&mut v, 100, |start, part| {
+                for (k, x) in part.iter_mut().enumerate() {
+                    *x += start + k;
+                }
+            })
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i));
+    }
+
+    #[test]
+    fn errors_and_panics_reach_the_caller() {
+        let p = pool(2);
+        let r = with_helpers(&p, 2, || {
+            try_for_each(50, |i| if i == 33 { Err(i) } else { Ok(()) })
+        });
+        assert_eq!(r, Err(33));
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            with_helpers(&p, 2, || {
+                for_each(50, |i| {
+                    if i % 2 == 1 {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    assert!(i != 41, "chunk 41");
+                })
+            })
+        }));
+        assert!(caught.is_err());
+        // The helpers are restored after the panic.
+        assert_eq!(threads(), 1);
+    }
+}
