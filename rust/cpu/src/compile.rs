@@ -34,8 +34,8 @@ pub struct Plan {
 /// Where a call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Little enough work that any thread hand-off would cost more than it saves: the caller's
-    /// thread, no parallel loops.
+    /// Kernels that need the pool, but little enough work that the hand-off would cost more
+    /// than it saves: the caller's thread, no parallel loops.
     Inline,
     /// Only light kernels (elementwise, norms, reductions, data movement): the caller's thread,
     /// whose parallel loops offer chunks to the pool (`par.rs`), so no hand-off is waited for.
@@ -219,12 +219,13 @@ impl Program {
         let plan = Arc::new(Plan {
             shapes: resolved.shapes,
             slices,
-            mode: if work < INLINE_WORK {
-                Mode::Inline
-            } else if self.graph.nodes.iter().any(|n| splits_with_rayon(&n.op)) {
-                Mode::Pool
-            } else {
+            mode: if !self.graph.nodes.iter().any(|n| splits_with_rayon(&n.op)) {
+                // Costs nothing when no loop goes parallel; each loop decides by its own work.
                 Mode::Caller
+            } else if work < INLINE_WORK {
+                Mode::Inline
+            } else {
+                Mode::Pool
             },
         });
         let mut plans = self.lock();

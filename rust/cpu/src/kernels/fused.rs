@@ -135,15 +135,48 @@ pub fn run(
         }
         Ok(())
     };
-    if n < PAR_MIN {
+    // Transcendental steps cost several cheap ones, so such groups go parallel (and split
+    // finer) at fewer elements: offering chunks costs the caller a few µs at most (`par.rs`).
+    let cost: usize = grp
+        .steps
+        .iter()
+        .map(|s| step_cost(&g.nodes[s.node].op))
+        .sum();
+    let cost = cost.max(1);
+    if n.saturating_mul(cost) < PAR_MIN {
         return task(0, n);
     }
     let chunk = (n / (par::threads() * 4))
-        .max(PAR_MIN / 4)
+        .max(PAR_MIN / 4 / cost)
         .next_multiple_of(BLOCK);
     par::try_for_each(n.div_ceil(chunk), |t| {
         task(t * chunk, ((t + 1) * chunk).min(n))
     })
+}
+
+/// Rough cost of one element of an op, in cheap arithmetic ops (a polynomial transcendental
+/// is a few dozen instructions; add/mul/compare one).
+fn step_cost(op: &Op) -> usize {
+    use ember_core::ir::{BinaryOp as B, UnaryOp as U};
+    match op {
+        Op::Unary(
+            U::Exp
+            | U::Expm1
+            | U::Log
+            | U::Log1p
+            | U::Sin
+            | U::Cos
+            | U::Tan
+            | U::Tanh
+            | U::Sigmoid
+            | U::Erf
+            | U::Gelu
+            | U::GeluTanh
+            | U::Silu,
+        )
+        | Op::Binary(B::Pow | B::Atan2) => 8,
+        _ => 1,
+    }
 }
 
 /// Runs `$body` with `$U` an unsigned type of `$size` bytes.
