@@ -27,9 +27,30 @@ pub struct Plan {
     pub shapes: Vec<Vec<usize>>,
     /// (start, end) of every `Slice` node (zeros elsewhere).
     pub slices: Vec<(i64, i64)>,
-    /// Little enough work that handing it to the thread pool would cost more than it saves
-    /// (a pool hand-off is tens of microseconds): run on the caller's thread.
-    pub inline: bool,
+    /// Where the call runs.
+    pub mode: Mode,
+}
+
+/// Where a call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Kernels that need the pool, but little enough work that the hand-off would cost more
+    /// than it saves: the caller's thread, no parallel loops.
+    Inline,
+    /// Only light kernels (elementwise, norms, reductions, data movement): the caller's thread,
+    /// whose parallel loops offer chunks to the pool (`par.rs`), so no hand-off is waited for.
+    Caller,
+    /// Kernels that split their own work with rayon (GEMM, conv, attention, pooling): inside
+    /// the pool.
+    Pool,
+}
+
+/// Ops whose kernels parallelize through rayon itself, so they must run inside the pool.
+fn splits_with_rayon(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Dot | Op::Conv { .. } | Op::Attention { .. } | Op::Pool { .. } | Op::Kernel { .. }
+    )
 }
 
 /// Elements (or multiply-adds, for `Dot`) below which a call runs on the caller's thread.
@@ -198,7 +219,14 @@ impl Program {
         let plan = Arc::new(Plan {
             shapes: resolved.shapes,
             slices,
-            inline: work < INLINE_WORK,
+            mode: if !self.graph.nodes.iter().any(|n| splits_with_rayon(&n.op)) {
+                // Costs nothing when no loop goes parallel; each loop decides by its own work.
+                Mode::Caller
+            } else if work < INLINE_WORK {
+                Mode::Inline
+            } else {
+                Mode::Pool
+            },
         });
         let mut plans = self.lock();
         if plans.len() >= MAX_PLANS {

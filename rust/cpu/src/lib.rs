@@ -10,6 +10,8 @@ mod exec;
 mod fold;
 mod fuse;
 mod kernels;
+mod par;
+mod simd;
 mod strided;
 
 use std::sync::Arc;
@@ -167,10 +169,10 @@ impl Executable for CpuExecutable {
             }
             Ok(())
         };
-        if plan.inline {
-            work()
-        } else {
-            self.pool.install(work)
+        match plan.mode {
+            compile::Mode::Inline => work(),
+            compile::Mode::Caller => par::with_helpers(&self.pool, self.threads, work),
+            compile::Mode::Pool => self.pool.install(work),
         }
     }
 }

@@ -2,9 +2,9 @@
 //! it, the innermost dim is visited as runs (unit-stride runs become slices the compiler can
 //! vectorize), and large outputs are split into chunks that rayon runs in parallel.
 
-use rayon::prelude::*;
-
 use crate::buffer::View;
+use crate::par;
+use crate::simd;
 
 /// Outputs at least this large are computed in parallel chunks.
 pub const PAR_MIN: usize = 1 << 15;
@@ -104,10 +104,8 @@ fn chunked<B: Send>(out: &mut [B], body: impl Fn(usize, &mut [B]) + Sync) {
         body(0, out);
         return;
     }
-    let chunk = (n / (rayon::current_num_threads() * 4)).max(PAR_MIN / 4);
-    out.par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(i, o)| body(i * chunk, o));
+    let chunk = (n / (par::threads() * 4)).max(PAR_MIN / 4);
+    par::for_chunks_mut(out, chunk, body);
 }
 
 /// `out[i] = f(x[i])` over x's shape in row-major order (out is contiguous).
@@ -118,9 +116,7 @@ pub fn map1<A: Copy, B: Copy + Send>(x: &View<A>, out: &mut [B], f: impl Fn(A) -
             let dst = &mut o[lin - start..lin - start + len];
             let s = st[0].last().copied().unwrap_or(1);
             if s == 1 {
-                for (d, &a) in dst.iter_mut().zip(x.run(ox, len)) {
-                    *d = f(a);
-                }
+                simd::map1(x.run(ox, len), dst, &f);
             } else {
                 for (i, d) in dst.iter_mut().enumerate() {
                     *d = f(x.at(ox + i as isize * s));
@@ -144,19 +140,13 @@ pub fn map2<A: Copy, B: Copy, C: Copy + Send>(
             let sx = st[0].last().copied().unwrap_or(1);
             let sy = st[1].last().copied().unwrap_or(1);
             if sx == 1 && sy == 1 {
-                for ((d, &a), &b) in dst.iter_mut().zip(x.run(ox, len)).zip(y.run(oy, len)) {
-                    *d = f(a, b);
-                }
+                simd::map2(x.run(ox, len), y.run(oy, len), dst, &f);
             } else if sx == 1 && sy == 0 {
                 let b = y.at(oy);
-                for (d, &a) in dst.iter_mut().zip(x.run(ox, len)) {
-                    *d = f(a, b);
-                }
+                simd::map1(x.run(ox, len), dst, |a| f(a, b));
             } else if sx == 0 && sy == 1 {
                 let a = x.at(ox);
-                for (d, &b) in dst.iter_mut().zip(y.run(oy, len)) {
-                    *d = f(a, b);
-                }
+                simd::map1(y.run(oy, len), dst, |b| f(a, b));
             } else {
                 for (i, d) in dst.iter_mut().enumerate() {
                     let i = i as isize;

@@ -4,8 +4,6 @@
 //! scratch slot that stays in L1, and the root writes straight into the output. The steps
 //! run the closures of `elementwise.rs`, so every node rounds exactly as it does unfused.
 
-use rayon::prelude::*;
-
 use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
 
@@ -14,6 +12,8 @@ use crate::arena::Dest;
 use crate::buffer::Val;
 use crate::error::{CpuError, KResult};
 use crate::fuse::Group;
+use crate::par;
+use crate::simd;
 use crate::strided::{coalesce, for_runs, PAR_MIN};
 
 /// Elements per block: a slot of the widest dtype is 4 KiB.
@@ -135,15 +135,48 @@ pub fn run(
         }
         Ok(())
     };
-    if n < PAR_MIN {
+    // Transcendental steps cost several cheap ones, so such groups go parallel (and split
+    // finer) at fewer elements: offering chunks costs the caller a few µs at most (`par.rs`).
+    let cost: usize = grp
+        .steps
+        .iter()
+        .map(|s| step_cost(&g.nodes[s.node].op))
+        .sum();
+    let cost = cost.max(1);
+    if n.saturating_mul(cost) < PAR_MIN {
         return task(0, n);
     }
-    let chunk = (n / (rayon::current_num_threads() * 4))
-        .max(PAR_MIN / 4)
+    let chunk = (n / (par::threads() * 4))
+        .max(PAR_MIN / 4 / cost)
         .next_multiple_of(BLOCK);
-    (0..n.div_ceil(chunk))
-        .into_par_iter()
-        .try_for_each(|t| task(t * chunk, ((t + 1) * chunk).min(n)))
+    par::try_for_each(n.div_ceil(chunk), |t| {
+        task(t * chunk, ((t + 1) * chunk).min(n))
+    })
+}
+
+/// Rough cost of one element of an op, in cheap arithmetic ops (a polynomial transcendental
+/// is a few dozen instructions; add/mul/compare one).
+fn step_cost(op: &Op) -> usize {
+    use ember_core::ir::{BinaryOp as B, UnaryOp as U};
+    match op {
+        Op::Unary(
+            U::Exp
+            | U::Expm1
+            | U::Log
+            | U::Log1p
+            | U::Sin
+            | U::Cos
+            | U::Tan
+            | U::Tanh
+            | U::Sigmoid
+            | U::Erf
+            | U::Gelu
+            | U::GeluTanh
+            | U::Silu,
+        )
+        | Op::Binary(B::Pow | B::Atan2) => 8,
+        _ => 1,
+    }
 }
 
 /// Runs `$body` with `$U` an unsigned type of `$size` bytes.
@@ -295,9 +328,7 @@ impl Apply1 for Block<1> {
         f: impl Fn(A) -> B + Sync,
     ) -> KResult<()> {
         let (x, o) = unsafe { (self.parts::<A>(0), self.out::<B>()) };
-        for (d, &a) in o.iter_mut().zip(x) {
-            *d = f(a);
-        }
+        simd::map1(x, o, f);
         Ok(())
     }
 }
@@ -310,9 +341,7 @@ impl Apply2 for Block<2> {
         f: impl Fn(A, B) -> C + Sync,
     ) -> KResult<()> {
         let (x, y, o) = unsafe { (self.parts::<A>(0), self.parts::<B>(1), self.out::<C>()) };
-        for ((d, &a), &b) in o.iter_mut().zip(x).zip(y) {
-            *d = f(a, b);
-        }
+        simd::map2(x, y, o, f);
         Ok(())
     }
 }
@@ -337,9 +366,7 @@ impl Apply3 for Block<3> {
                 self.out::<D>(),
             )
         };
-        for (((d, &a), &b), &c) in o.iter_mut().zip(x).zip(y).zip(z) {
-            *d = f(a, b, c);
-        }
+        simd::map3(x, y, z, o, f);
         Ok(())
     }
 }

@@ -12,10 +12,9 @@ pub mod pool;
 pub mod reduce;
 pub mod window;
 
-use rayon::prelude::*;
-
 use crate::buffer::{Layout, Val, View};
 use crate::error::KResult;
+use crate::par;
 use crate::strided::{batch_offsets, PAR_MIN};
 
 /// The permutation that moves `axis` last, keeping the other dims in order.
@@ -69,9 +68,17 @@ pub fn for_rows<T: Copy + Send + Sync, R: Send>(
         }
     };
     if out.len() >= PAR_MIN && bases.len() > 1 {
-        out.par_chunks_mut(per)
-            .zip(bases.par_iter())
-            .for_each_init(Vec::new, |tmp, (o, b)| run(b[0], o, tmp));
+        // A few chunks of whole rows per thread, each at least PAR_MIN / 4 elements.
+        let rows = bases.len();
+        let min_rows = (PAR_MIN / 4).div_ceil(per.max(1));
+        let rows_per = rows.div_ceil(par::threads() * 4).max(min_rows).max(1);
+        par::for_chunks_mut(&mut out[..rows * per], rows_per * per, |start, o| {
+            let mut tmp = Vec::new();
+            let first = start / per;
+            for (o, b) in o.chunks_mut(per).zip(&bases[first..]) {
+                run(b[0], o, &mut tmp);
+            }
+        });
     } else {
         let mut tmp = Vec::new();
         for (o, b) in out.chunks_mut(per).zip(&bases) {

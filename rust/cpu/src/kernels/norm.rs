@@ -1,5 +1,6 @@
 //! Row-wise composites: softmax / log-softmax (max-subtracted), layer norm and RMS norm
-//! (statistics in f64).
+//! (statistics in f64). Row loops keep `LANES` independent accumulators so that they
+//! vectorize; the sums stay in f64, so results match a serial f64 sum to f64 rounding.
 
 use ember_core::dtype::DType;
 use half::{bf16, f16};
@@ -8,6 +9,7 @@ use super::{axis_last_perm, for_rows, unpermute};
 use crate::buffer::{Layout, Val};
 use crate::elem::{FloatElem, Real};
 use crate::error::{CpuError, KResult};
+use crate::simd;
 
 macro_rules! float_dispatch {
     ($dt:expr, $f:ident, $($arg:expr),*) => {
@@ -34,52 +36,94 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
     }
     let perm = axis_last_perm(rank, axis);
     let v = x.view::<T>()?.permuted(&perm);
+    // f16/bf16 store e^x rounded, so they compute it again for the final product (one
+    // rounding, as before); f32/f64 store it exactly and read it back.
+    let exact_store = std::mem::size_of::<T>() == std::mem::size_of::<T::C>();
     let out = Val::build::<T>(T::DTYPE, &v.shape.clone(), |o| {
         for_rows(&v, o, |row, out| {
-            let mut m = -<T::C as Real>::INF;
-            for &a in row {
-                let c = a.load();
-                if c > m || c.is_nan() {
-                    m = c;
+            simd::wide(|| {
+                let m = row_max(row);
+                // exp once per element (a pure f32 loop, which vectorizes), then the sum in f64
+                // over independent lanes; half types sum the unrounded values.
+                let sum = if exact_store {
+                    for (d, &a) in out.iter_mut().zip(row) {
+                        *d = T::store((a.load() - m).fast_exp());
+                    }
+                    sum_lanes(out, |d| d.load().f64())
+                } else {
+                    sum_lanes(row, |a| (a.load() - m).fast_exp().f64())
+                };
+                if log {
+                    let lse = <T::C as Real>::of(sum.ln());
+                    for (d, &a) in out.iter_mut().zip(row) {
+                        *d = T::store(a.load() - m - lse);
+                    }
+                } else if exact_store {
+                    let inv = 1.0 / sum;
+                    for d in out.iter_mut() {
+                        *d = T::store(<T::C as Real>::of(d.load().f64() * inv));
+                    }
+                } else {
+                    let inv = 1.0 / sum;
+                    for (d, &a) in out.iter_mut().zip(row) {
+                        let e = (a.load() - m).fast_exp();
+                        *d = T::store(<T::C as Real>::of(e.f64() * inv));
+                    }
                 }
-            }
-            // exp once per element; the sum runs in f64 over four independent lanes so
-            // that it vectorizes (the order differs from a serial sum only at f64 rounding).
-            let e: Vec<T::C> = row.iter().map(|&a| (a.load() - m).fast_exp()).collect();
-            let sum = sum_f64(&e);
-            if log {
-                let lse = <T::C as Real>::of(sum.ln());
-                for (d, &a) in out.iter_mut().zip(row) {
-                    *d = T::store(a.load() - m - lse);
-                }
-            } else {
-                let inv = 1.0 / sum;
-                for (d, &v) in out.iter_mut().zip(&e) {
-                    *d = T::store(<T::C as Real>::of(v.f64() * inv));
-                }
-            }
+            })
         });
         Ok(())
     })?;
     unpermute(out, &perm)
 }
 
-/// Sum in f64 with four accumulators (vectorizable, and as accurate as a serial f64 sum for
-/// the row lengths softmax sees).
-fn sum_f64<C: Real>(xs: &[C]) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let chunks = xs.chunks_exact(4);
+/// Independent accumulators in the row loops: enough to hide add latency and fill vector
+/// registers, so the loops vectorize (a serial sum cannot be reordered by the compiler).
+const LANES: usize = 8;
+
+/// The row's maximum (NaN if any element is NaN), over `LANES` independent lanes.
+#[inline(always)]
+fn row_max<T: FloatElem>(row: &[T]) -> T::C {
+    let keep = |m: T::C, c: T::C| if c > m || c.is_nan() { c } else { m };
+    let mut acc = [-<T::C as Real>::INF; LANES];
+    let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += x.f64();
+        for k in 0..LANES {
+            acc[k] = keep(acc[k], c[k].load());
         }
     }
-    let mut sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for &x in tail {
-        sum += x.f64();
+    acc.into_iter()
+        .chain(tail.iter().map(|x| x.load()))
+        .fold(-<T::C as Real>::INF, keep)
+}
+
+/// Σ f(x) over a row in f64, over `LANES` independent accumulators: vectorizable, and as
+/// accurate as a serial f64 sum for the row lengths norms see.
+#[inline(always)]
+fn sum_lanes<T: Copy>(row: &[T], f: impl Fn(T) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] += f(c[k]);
+        }
     }
-    sum
+    combine(acc) + tail.iter().map(|&x| f(x)).sum::<f64>()
+}
+
+/// The lanes added pairwise.
+#[inline(always)]
+fn combine(mut acc: [f64; LANES]) -> f64 {
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for k in 0..w {
+            acc[k] += acc[k + w];
+        }
+    }
+    acc[0]
 }
 
 /// x as `[rows, n]` over the trailing dims from `axis` (contiguous), with `n`.
@@ -131,19 +175,35 @@ fn layer_norm_t<T: FloatElem>(
     let v = rows.view::<T>()?;
     Val::build::<T>(T::DTYPE, x.shape(), |o| {
         for_rows(&v, o, |row, out| {
-            let mean = row.iter().map(|a| a.to_f64()).sum::<f64>() / n as f64;
-            let var = row.iter().map(|a| (a.to_f64() - mean).powi(2)).sum::<f64>() / n as f64;
-            let rstd = 1.0 / (var + eps).sqrt();
-            for (j, (d, a)) in out.iter_mut().zip(row).enumerate() {
-                let mut y = (a.to_f64() - mean) * rstd;
-                if let Some(w) = &w {
-                    y *= w[j];
+            simd::wide(|| {
+                let mean = sum_lanes(row, |a| a.to_f64()) / n as f64;
+                let var = sum_lanes(row, |a| (a.to_f64() - mean).powi(2)) / n as f64;
+                let rstd = 1.0 / (var + eps).sqrt();
+                let norm = |a: T| (a.to_f64() - mean) * rstd;
+                // One loop per parameter combination, so none branches per element.
+                match (&w, &b) {
+                    (Some(w), Some(b)) => {
+                        for (((d, &a), w), b) in out.iter_mut().zip(row).zip(w).zip(b) {
+                            *d = T::from_f64(norm(a) * w + b);
+                        }
+                    }
+                    (Some(w), None) => {
+                        for ((d, &a), w) in out.iter_mut().zip(row).zip(w) {
+                            *d = T::from_f64(norm(a) * w);
+                        }
+                    }
+                    (None, Some(b)) => {
+                        for ((d, &a), b) in out.iter_mut().zip(row).zip(b) {
+                            *d = T::from_f64(norm(a) + b);
+                        }
+                    }
+                    (None, None) => {
+                        for (d, &a) in out.iter_mut().zip(row) {
+                            *d = T::from_f64(norm(a));
+                        }
+                    }
                 }
-                if let Some(b) = &b {
-                    y += b[j];
-                }
-                *d = T::from_f64(y);
-            }
+            })
         });
         Ok(())
     })
@@ -159,15 +219,22 @@ fn rms_norm_t<T: FloatElem>(x: &Val, axis: usize, eps: f64, weight: Option<&Val>
     let v = rows.view::<T>()?;
     Val::build::<T>(T::DTYPE, x.shape(), |o| {
         for_rows(&v, o, |row, out| {
-            let ms = row.iter().map(|a| a.to_f64().powi(2)).sum::<f64>() / n as f64;
-            let r = 1.0 / (ms + eps).sqrt();
-            for (j, (d, a)) in out.iter_mut().zip(row).enumerate() {
-                let y = a.to_f64() * r;
-                *d = T::from_f64(match &w {
-                    Some(w) => y * w[j],
-                    None => y,
-                });
-            }
+            simd::wide(|| {
+                let ms = sum_lanes(row, |a| a.to_f64().powi(2)) / n as f64;
+                let r = 1.0 / (ms + eps).sqrt();
+                match &w {
+                    Some(w) => {
+                        for ((d, &a), w) in out.iter_mut().zip(row).zip(w) {
+                            *d = T::from_f64(a.to_f64() * r * w);
+                        }
+                    }
+                    None => {
+                        for (d, &a) in out.iter_mut().zip(row) {
+                            *d = T::from_f64(a.to_f64() * r);
+                        }
+                    }
+                }
+            })
         });
         Ok(())
     })

@@ -3,12 +3,12 @@
 
 use ember_core::dtype::DType;
 use ember_core::ir::ReduceOp;
-use rayon::prelude::*;
 
 use super::{axis_last_perm, for_rows, unpermute};
 use crate::buffer::{Val, View};
 use crate::elem::{Elem, IntElem, B8};
 use crate::error::{CpuError, KResult};
+use crate::par;
 use crate::strided::{batch_offsets, coalesce, for_runs, PAR_MIN};
 
 pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KResult<Val> {
@@ -160,9 +160,12 @@ fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
         finish(acc)
     };
     if out.len().saturating_mul(n_red.max(1)) >= PAR_MIN {
-        out.par_iter_mut()
-            .zip(bases.par_iter())
-            .for_each(|(o, b)| *o = one(b[0]));
+        let per = (out.len() / (par::threads() * 4)).max(1);
+        par::for_chunks_mut(out, per, |start, o| {
+            for (o, b) in o.iter_mut().zip(&bases[start..]) {
+                *o = one(b[0]);
+            }
+        });
     } else {
         for (o, b) in out.iter_mut().zip(&bases) {
             *o = one(b[0]);
