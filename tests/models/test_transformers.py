@@ -139,11 +139,12 @@ def test_forward_matches_eager(name):
 GENERATE = [n if n == "llama" else pytest.param(n, marks=pytest.mark.slow) for n in DECODERS]
 
 
-@pytest.mark.parametrize("name", GENERATE)
-def test_greedy_generate_matches_eager_with_few_programs(name):
-    model = DECODERS[name]().eval()
-    prompt = torch.randint(0, VOCAB, (1, 5))
+def check_greedy_generate(model: torch.nn.Module, prompt: torch.Tensor, **extra) -> None:
+    """Greedy ``generate()`` of 32 tokens with ``torch.compile(model.forward, backend="ember")``
+    is token-identical to eager and compiles at most four programs (prefill, the first decode
+    step, one symbolic program for every later step; static caches: prefill and decode)."""
     settings = {"max_new_tokens": 32, "min_new_tokens": 32, "do_sample": False, "pad_token_id": 0}
+    settings.update(extra)
     with torch.no_grad():
         want = model.generate(prompt, **settings)
     before = programs_compiled()
@@ -152,37 +153,27 @@ def test_greedy_generate_matches_eager_with_few_programs(name):
     )
     with torch.no_grad():
         got = model.generate(prompt, **settings)
-    assert got.shape == (1, 5 + 32)
+    assert got.shape == (1, prompt.shape[1] + settings["max_new_tokens"])
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    # Prefill, the first decode step, and one symbolic program for every later step.
     compiled = programs_compiled() - before
-    assert 1 <= compiled <= 4, f"{compiled} programs for 32 tokens"
+    assert 1 <= compiled <= 4, f"{compiled} programs for {settings['max_new_tokens']} tokens"
+
+
+@pytest.mark.parametrize("name", GENERATE)
+def test_greedy_generate_matches_eager_with_few_programs(name):
+    check_greedy_generate(DECODERS[name]().eval(), torch.randint(0, VOCAB, (1, 5)))
 
 
 def test_greedy_generate_with_static_cache():
     """A StaticCache writes each step's keys into preallocated tensors in place (index_copy_
     on graph inputs); Ember writes them back into the caller's cache."""
-    model = DECODERS["llama"]().eval()
-    prompt = torch.randint(0, VOCAB, (1, 5))
-    settings = {
-        "max_new_tokens": 16,
-        "min_new_tokens": 16,
-        "do_sample": False,
-        "pad_token_id": 0,
-        "cache_implementation": "static",
-    }
-    with torch.no_grad():
-        want = model.generate(prompt, **settings)
-    before = programs_compiled()
-    model.forward = torch.compile(
-        model.forward, backend="ember", options={"fallback": "error", "search_iterations": 0}
+    check_greedy_generate(
+        DECODERS["llama"]().eval(),
+        torch.randint(0, VOCAB, (1, 5)),
+        max_new_tokens=16,
+        min_new_tokens=16,
+        cache_implementation="static",
     )
-    with torch.no_grad():
-        got = model.generate(prompt, **settings)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    # Static shapes: prefill and decode.
-    compiled = programs_compiled() - before
-    assert 1 <= compiled <= 4, f"{compiled} programs for 16 tokens"
 
 
 def test_moe_with_the_default_grouped_experts():

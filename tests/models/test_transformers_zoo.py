@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from ember.backend import programs_compiled
+from test_transformers import check_greedy_generate
 
 tf = pytest.importorskip("transformers")
 
@@ -259,14 +260,4 @@ def test_greedy_generate_matches_eager_with_few_programs(name):
         for p in model.parameters():
             if p.dim() > 1:  # far-apart logits: greedy choices are not decided by rounding
                 p.normal_(0, 0.2)
-    prompt = torch.randint(1, VOCAB, (1, 5))
-    settings = {"max_new_tokens": 32, "min_new_tokens": 32, "do_sample": False, "pad_token_id": 0}
-    with torch.no_grad():
-        want = model.generate(prompt, **settings)
-        before = programs_compiled()
-        model.forward = torch.compile(
-            model.forward, backend="ember", options={"fallback": "error", "search_iterations": 0}
-        )
-        got = model.generate(prompt, **settings)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert 1 <= programs_compiled() - before <= 4
+    check_greedy_generate(model, torch.randint(1, VOCAB, (1, 5)))
