@@ -208,6 +208,10 @@ def _split_runner(graph: DynamoGraph, module: torch.fx.GraphModule) -> Callable[
     return run_split
 
 
+# Specialized graphs kept per Dynamo graph; each holds its weights alive.
+_MAX_SPECIALIZED = 8
+
+
 class _Specialized:
     """A Dynamo graph whose inputs include what Ember compiles as constants: lifted floats
     (see ``lifted_scalars``; by value) and module parameters and buffers (see
@@ -232,6 +236,9 @@ class _Specialized:
             weights = {i: args[i] for i in self.weights}
             scalars = dict(zip(self.scalars, values, strict=True))
             graph = _DynamoGraph(with_constants(self.gm, scalars, weights), self.options)
+            if len(self.graphs) >= _MAX_SPECIALIZED:
+                # Weights replaced over and over (not updated in place): keep the newest.
+                del self.graphs[next(iter(self.graphs))]
             entry = self.graphs[key] = (graph, list(weights.values()))
         return entry[0](*args)
 
