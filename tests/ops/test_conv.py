@@ -192,3 +192,15 @@ def test_unsupported_interpolation_is_named(mode):
     shape = (1, 2, 3, 4, 4) if mode == "trilinear" else (1, 2, 4, 4)
     with pytest.raises(ember.UnsupportedOpError, match=f"upsample_{mode}"):
         ember.compile(Fn(f), rand(*shape), fallback="error")
+
+
+def test_grouped_conv_batch_and_pointwise_packed_weights(backend):
+    # Weights packed per group at compile time; several images split across threads; a
+    # 1×1 conv reads the input as its column matrix.
+    model = nn.Sequential(
+        nn.Conv2d(8, 24, 3, padding=1, groups=2),
+        nn.ReLU(),
+        nn.Conv2d(24, 17, 1),
+        nn.Conv2d(17, 9, (3, 5), stride=2),
+    )
+    check(model, [rand(3, 8, 19, 23)], backend, rtol=1e-5, atol=1e-4)

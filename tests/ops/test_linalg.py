@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check, rand
+from conftest import check, host_options, rand
 
 # Products accumulate in a different order than torch's GEMM: allow a few ulps per term.
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -65,3 +65,31 @@ def test_f16_and_f64_matmul(backend):
         rand(16, 3, dtype=torch.float16, low=-1, high=1),
     )
     check(lambda a, b: a @ b, [a, b], backend, rtol=2e-3, atol=2e-3)
+
+
+# (rows, in, out): register-tile edges (rows not a multiple of 6, columns not of 16), K
+# blocks (in > 256), the matrix-vector shape, and products large enough to split across
+# threads. Linear weights are packed once at compile time for the CPU's own GEMM.
+LINEAR_SHAPES = [(1, 3, 17), (5, 300, 33), (13, 600, 100), (64, 256, 688), (37, 1030, 50)]
+
+
+@pytest.mark.parametrize("rows,cin,cout", LINEAR_SHAPES)
+def test_linear_packed_weight_shapes(rows, cin, cout, backend):
+    layer = torch.nn.Linear(cin, cout)
+    check(layer, [rand(rows, cin)], backend, rtol=1e-5, atol=1e-4)
+
+
+def test_linear_on_a_transposed_input(backend):
+    layer = torch.nn.Linear(300, 40)
+    check(lambda x: layer(x.t()), [rand(300, 7)], backend, rtol=1e-5, atol=1e-4)
+
+
+def test_linear_sees_in_place_weight_updates(backend):
+    opts = host_options(backend)
+    layer = torch.nn.Linear(40, 24).eval()
+    x = rand(9, 40)
+    compiled = torch.compile(layer, backend="ember", options=opts)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+        layer.weight.mul_(-2.0)  # the packed copy must follow
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)

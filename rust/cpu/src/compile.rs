@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ember_core::backend::Weights;
+use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
 use ember_core::shapes::resolve;
 use ember_core::tensor::Storage as HostStorage;
@@ -14,6 +15,7 @@ use ember_core::{Error, Result};
 use crate::buffer::Val;
 use crate::fuse::Fusion;
 use crate::kernels::movement::{bind_bytes, permute, scalar};
+use crate::kernels::sgemm::{self, Packed};
 
 /// Kernel names of the CPU backend's lowering choices (see `CpuBackend::lowering_rules`).
 pub const KERNEL_ROWWISE: &str = "cpu.rowwise";
@@ -34,26 +36,29 @@ pub struct Plan {
 /// Where a call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Kernels that need the pool, but little enough work that the hand-off would cost more
-    /// than it saves: the caller's thread, no parallel loops.
-    Inline,
-    /// Only light kernels (elementwise, norms, reductions, data movement): the caller's thread,
-    /// whose parallel loops offer chunks to the pool (`par.rs`), so no hand-off is waited for.
+    /// The caller's thread, whose parallel loops offer chunks to the pool (`par.rs`), so no
+    /// hand-off is waited for; a loop too small to pay for waking a helper runs alone.
     Caller,
-    /// Kernels that split their own work with rayon (GEMM, conv, attention, pooling): inside
-    /// the pool.
+    /// Products the `gemm` crate computes (f64, f16, or a CPU without AVX2/FMA), which split
+    /// their work with rayon itself: inside the pool.
     Pool,
 }
 
-/// Ops whose kernels parallelize through rayon itself, so they must run inside the pool.
-fn splits_with_rayon(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Dot | Op::Conv { .. } | Op::Attention { .. } | Op::Pool { .. } | Op::Kernel { .. }
-    )
+/// Nodes whose kernels parallelize through rayon itself, so they must run inside the pool:
+/// products not on Ember's own f32 GEMM (`kernels::sgemm`).
+fn splits_with_rayon(node: &ember_core::ir::Node) -> bool {
+    let gemm_crate =
+        !sgemm::available() || !matches!(node.ty.dtype, DType::F32 | DType::BF16 | DType::F16);
+    match node.op {
+        Op::Dot | Op::Attention { .. } => gemm_crate || node.ty.dtype == DType::F16,
+        // f16 and bf16 convs compute in f32.
+        Op::Conv { .. } => gemm_crate,
+        _ => false,
+    }
 }
 
-/// Elements (or multiply-adds, for `Dot`) below which a call runs on the caller's thread.
+/// Multiply-adds below which a call of a plan that needs the pool runs on the caller's
+/// thread alone: the hand-off would cost more than it saves.
 const INLINE_WORK: usize = 1 << 15;
 
 pub struct Program {
@@ -66,6 +71,10 @@ pub struct Program {
     pub reads: Vec<Vec<usize>>,
     /// The last node reading each value; `usize::MAX` for graph outputs.
     pub last_use: Vec<usize>,
+    /// Weights packed into `sgemm` panels, once, here (see `kernels::sgemm`), per node: for a
+    /// `Dot` whose right operand is a 2-D f32 weight, that operand; for an f32 `Conv` with a
+    /// weight, one left operand per group. Empty elsewhere.
+    pub packed: Vec<Vec<Packed>>,
     /// Owned weight bytes we point into, kept alive with the program.
     _keep: Vec<Arc<Vec<u8>>>,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
@@ -87,6 +96,62 @@ fn prepack_permuted_weight(
     match (&bound[src], is_weight) {
         (Some(w), true) => Ok(Some(permute(w, perm)?.contiguous()?)),
         _ => Ok(None),
+    }
+}
+
+/// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
+/// f32 values known at compile time and the activations are not.
+fn pack_weight_operands(
+    node: &ember_core::ir::Node,
+    bound: &[Option<Val>],
+) -> crate::error::KResult<Vec<Packed>> {
+    if node.ty.dtype != DType::F32 || !sgemm::available() {
+        return Ok(Vec::new());
+    }
+    let (Some(&x), Some(&w)) = (node.inputs.first(), node.inputs.get(1)) else {
+        return Ok(Vec::new());
+    };
+    let (None, Some(w)) = (&bound[x], &bound[w]) else {
+        return Ok(Vec::new());
+    };
+    if w.dtype != DType::F32 {
+        return Ok(Vec::new());
+    }
+    let v = w.view::<f32>()?;
+    match &node.op {
+        Op::Dot if v.shape.len() == 2 => {
+            let src = sgemm::Strided {
+                ptr: v.ptr,
+                rs: v.strides[0],
+                cs: v.strides[1],
+            };
+            // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
+            Ok(vec![unsafe { Packed::b(v.shape[0], v.shape[1], src) }])
+        }
+        Op::Conv { groups, .. } => {
+            let w = w.contiguous()?;
+            let v = w.view::<f32>()?;
+            let (o, per_out) = (v.shape[0], v.shape[1..].iter().product::<usize>());
+            let groups = usize::try_from(*groups).unwrap_or(0);
+            if groups == 0 || o % groups != 0 || !crate::kernels::conv::uses_gemm(&v.shape, groups)
+            {
+                return Ok(Vec::new());
+            }
+            let og = o / groups;
+            Ok((0..groups)
+                .map(|g| {
+                    let src = sgemm::Strided {
+                        ptr: v.ptr.wrapping_add(g * og * per_out),
+                        rs: per_out as isize,
+                        cs: 1,
+                    };
+                    // SAFETY: group g's og rows of per_out elements lie inside the contiguous
+                    // weight, alive here.
+                    unsafe { Packed::a(og, per_out, src) }
+                })
+                .collect())
+        }
+        _ => Ok(Vec::new()),
     }
 }
 
@@ -144,7 +209,7 @@ impl Program {
                         prepack_permuted_weight(&graph, node, perm, &bound)
                             .map_err(|e| compile_err(node, e))?
                     }
-                    (KERNEL_ROWWISE, Op::Dot) if dtype == ember_core::dtype::DType::F32 => None,
+                    (KERNEL_ROWWISE, Op::Dot) if dtype == DType::F32 => None,
                     _ => {
                         return Err(compile_err(
                             node,
@@ -166,6 +231,12 @@ impl Program {
                 return Err(Error::Compile(format!("output %{o} does not exist")));
             }
         }
+        let packed = graph
+            .nodes
+            .iter()
+            .map(|node| pack_weight_operands(node, &bound))
+            .collect::<crate::error::KResult<Vec<_>>>()
+            .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
         let reads: Vec<Vec<usize>> = (0..graph.nodes.len())
             .map(|id| fusion.reads(&graph, id))
@@ -185,6 +256,7 @@ impl Program {
             fusion,
             reads,
             last_use,
+            packed,
             _keep: keep,
             plans: Mutex::new(HashMap::new()),
         })
@@ -202,31 +274,31 @@ impl Program {
                 slices[id] = (resolved.dim(start)?, resolved.dim(end)?);
             }
         }
-        let work: usize = self
-            .graph
-            .nodes
-            .iter()
-            .zip(&resolved.shapes)
-            .map(|(node, shape)| {
-                let n: usize = shape.iter().product();
-                match (&node.op, node.inputs.first()) {
-                    // M·N outputs, K multiply-adds each.
-                    (Op::Dot, Some(&a)) => n * resolved.shapes[a].last().copied().unwrap_or(1),
-                    _ => n,
-                }
-            })
-            .fold(0usize, usize::saturating_add);
+        let pool = self.graph.nodes.iter().any(splits_with_rayon);
+        let work = || -> usize {
+            self.graph
+                .nodes
+                .iter()
+                .zip(&resolved.shapes)
+                .map(|(node, shape)| {
+                    let n: usize = shape.iter().product();
+                    match (&node.op, node.inputs.first()) {
+                        // M·N outputs, K multiply-adds each.
+                        (Op::Dot, Some(&a)) => n * resolved.shapes[a].last().copied().unwrap_or(1),
+                        _ => n,
+                    }
+                })
+                .fold(0usize, usize::saturating_add)
+        };
+        let mode = if pool && work() >= INLINE_WORK {
+            Mode::Pool
+        } else {
+            Mode::Caller
+        };
         let plan = Arc::new(Plan {
             shapes: resolved.shapes,
             slices,
-            mode: if !self.graph.nodes.iter().any(|n| splits_with_rayon(&n.op)) {
-                // Costs nothing when no loop goes parallel; each loop decides by its own work.
-                Mode::Caller
-            } else if work < INLINE_WORK {
-                Mode::Inline
-            } else {
-                Mode::Pool
-            },
+            mode,
         });
         let mut plans = self.lock();
         if plans.len() >= MAX_PLANS {

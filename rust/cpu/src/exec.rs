@@ -15,6 +15,7 @@ use crate::buffer::{is_aligned, Layout, Storage, Val};
 use crate::compile::{Plan, Program, KERNEL_PACKED, KERNEL_ROWWISE};
 use crate::error::{CpuError, KResult};
 use crate::fuse::{dot_in_place, Role};
+use crate::kernels::sgemm::Packed;
 use crate::kernels::{
     attention, conv, dot, elementwise as ew, fused, index, movement as mv, norm, pool, reduce,
 };
@@ -132,12 +133,12 @@ pub fn execute(
             (Role::Root(k), _) => run_group(prog, plan, k, &vals, direct[id], &mut arena, threads)
                 .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
             (Role::Plain, Op::Dot) if dot_in_place(node.ty.dtype) => {
-                run_dot(plan, id, node, &vals, direct[id], &mut arena, threads)
+                run_dot(prog, plan, id, node, &vals, direct[id], &mut arena, threads)
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
             (Role::Plain, Op::Conv { .. }) if conv::conv_in_place(node.ty.dtype) => {
                 let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
-                conv_into(node, &vals, &mut dest, threads)
+                conv_into(node, &prog.packed[id], &vals, &mut dest, threads)
                     .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
@@ -209,11 +210,8 @@ fn run_group(
         Some(h) => {
             let d = &g.nodes[h.dot];
             match &d.op {
-                Op::Conv { .. } => conv_into(d, vals, &mut dest, threads)?,
-                _ => {
-                    let (a, b) = (value(vals, d.inputs[0])?, value(vals, d.inputs[1])?);
-                    dot::dot_into(a, b, &mut dest, threads)?;
-                }
+                Op::Conv { .. } => conv_into(d, &prog.packed[h.dot], vals, &mut dest, threads)?,
+                _ => dot_into(prog, h.dot, d, vals, &mut dest, threads)?,
             }
             Some(dest.peek()?)
         }
@@ -224,8 +222,14 @@ fn run_group(
     dest.finish()
 }
 
-/// A conv node written into `dest`.
-fn conv_into(node: &Node, vals: &[Option<Val>], dest: &mut Dest, threads: usize) -> KResult<()> {
+/// A conv node written into `dest` (`packed`: its weight per group, when packed).
+fn conv_into(
+    node: &Node,
+    packed: &[Packed],
+    vals: &[Option<Val>],
+    dest: &mut Dest,
+    threads: usize,
+) -> KResult<()> {
     let Op::Conv {
         stride,
         padding,
@@ -251,11 +255,29 @@ fn conv_into(node: &Node, vals: &[Option<Val>], dest: &mut Dest, threads: usize)
         dilation,
         groups: *groups,
     };
-    conv::conv_into(x, w, bias, &p, dest, threads)
+    conv::conv_into(x, w, bias, &p, packed, dest, threads)
+}
+
+/// Dot node `id` written into `dest`, through its pre-packed weight when it has one.
+fn dot_into(
+    prog: &Program,
+    id: usize,
+    node: &Node,
+    vals: &[Option<Val>],
+    dest: &mut Dest,
+    threads: usize,
+) -> KResult<()> {
+    let a = value(vals, node.inputs[0])?;
+    match prog.packed[id].as_slice() {
+        [packed] => dot::dot_into_packed(a, packed, dest, threads),
+        _ => dot::dot_into(a, value(vals, node.inputs[1])?, dest, threads),
+    }
 }
 
 /// A product written straight into its destination.
+#[allow(clippy::too_many_arguments)]
 fn run_dot(
+    prog: &Program,
     plan: &Plan,
     id: usize,
     node: &Node,
@@ -264,9 +286,8 @@ fn run_dot(
     arena: &mut Arena,
     threads: usize,
 ) -> KResult<Val> {
-    let (a, b) = (value(vals, node.inputs[0])?, value(vals, node.inputs[1])?);
     let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct);
-    dot::dot_into(a, b, &mut dest, threads)?;
+    dot_into(prog, id, node, vals, &mut dest, threads)?;
     dest.finish()
 }
 

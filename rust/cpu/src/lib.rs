@@ -24,6 +24,14 @@ use ember_core::{Error, Result};
 
 pub use error::CpuError;
 
+/// Kernels and the thread helper, for `examples/` benchmarks that time them without a graph.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::kernels::dot::{gemm_into, Mat};
+    pub use crate::kernels::sgemm;
+    pub use crate::par::with_helpers;
+}
+
 use compile::Program;
 
 /// The CPU backend. `num_threads` sizes its thread pool (0: one per core).
@@ -170,7 +178,6 @@ impl Executable for CpuExecutable {
             Ok(())
         };
         match plan.mode {
-            compile::Mode::Inline => work(),
             compile::Mode::Caller => par::with_helpers(&self.pool, self.threads, work),
             compile::Mode::Pool => self.pool.install(work),
         }

@@ -3,13 +3,13 @@
 //! f16/bf16 run in f32.
 
 use ember_core::dtype::DType;
-use rayon::prelude::*;
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
 use crate::buffer::Val;
 use crate::elem::{FloatElem, Real, B8};
 use crate::error::{CpuError, KResult};
+use crate::par;
 use crate::strided::batch_offsets;
 
 pub struct Params {
@@ -131,10 +131,9 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
             // SAFETY: scores is l×s and alive; v is a batch slice of a checked view.
             unsafe { gemm_into(o, ev, (l, ev, s), mp, Mat::of(&vv, ov, nb), t) };
         };
-        if offs.len() > 1 {
-            out.par_chunks_mut(l * ev)
-                .zip(offs.par_iter())
-                .for_each(|(o, off)| one(o, off, 1));
+        // Heads in parallel when there are several and enough work to pay for waking a helper.
+        if offs.len() > 1 && threads > 1 && offs.len() * l * s * (e + ev) >= PAR_MIN_WORK {
+            par::for_chunks_mut(out, l * ev, |start, o| one(o, &offs[start / (l * ev)], 1));
         } else {
             for (o, off) in out.chunks_mut(l * ev).zip(&offs) {
                 one(o, off, threads);
@@ -143,6 +142,9 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         Ok(())
     })
 }
+
+/// Multiply-adds below which the heads of one call run on one thread.
+const PAR_MIN_WORK: usize = 1 << 17;
 
 /// In-place stable softmax of one row (a row of -inf becomes NaN).
 fn softmax_row<T: Real>(row: &mut [T]) {

@@ -2,19 +2,22 @@
 //! a 1×1, stride-1, unpadded conv skips im2col (the input already is the column matrix);
 //! depthwise-style convs (one input channel per group) accumulate shifted input rows
 //! directly, since a GEMM with one row of K = taps would be mostly call overhead.
-//! Work is split over batch × groups with rayon when there are several; a single image with
+//! Work is split over batch × groups (`par.rs`) when there are several; a single image with
 //! one group gives its threads to the GEMM instead.
 
+use std::cell::RefCell;
+
 use ember_core::dtype::DType;
-use rayon::prelude::*;
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
+use super::sgemm::Packed;
 use super::window::{size, three, Axis};
 use crate::arena::Dest;
 use crate::buffer::Val;
 use crate::elem::Real;
 use crate::error::{CpuError, KResult};
+use crate::par;
 
 pub struct Params<'a> {
     pub stride: &'a [i64],
@@ -130,14 +133,14 @@ pub fn conv(
 ) -> KResult<Val> {
     let g = Geom::new(x.shape(), w.shape(), out, p)?;
     match x.dtype {
-        DType::F32 => Val::build::<f32>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
-        DType::F64 => Val::build::<f64>(x.dtype, out, |y| conv_t(x, w, bias, &g, y, threads)),
+        DType::F32 => Val::build::<f32>(x.dtype, out, |y| conv_t(x, w, bias, &g, &[], y, threads)),
+        DType::F64 => Val::build::<f64>(x.dtype, out, |y| conv_t(x, w, bias, &g, &[], y, threads)),
         // Half types compute in f32 and round once at the end, as torch's CPU kernels do.
         DType::F16 | DType::BF16 => {
             let b = bias.map(|b| cast(b, DType::F32)).transpose()?;
             let (xf, wf) = (cast(x, DType::F32)?, cast(w, DType::F32)?);
             let y = Val::build::<f32>(DType::F32, out, |y| {
-                conv_t(&xf, &wf, b.as_ref(), &g, y, threads)
+                conv_t(&xf, &wf, b.as_ref(), &g, &[], y, threads)
             })?;
             cast(&y, x.dtype)
         }
@@ -150,13 +153,21 @@ pub fn conv_in_place(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64)
 }
 
+/// Whether a conv with weight shape `ws` in `groups` groups runs im2col + GEMM (whose weight
+/// can be packed at compile time), not the direct loop.
+pub fn uses_gemm(ws: &[usize], groups: usize) -> bool {
+    ws.len() >= 2 && groups > 0 && !(ws[1] == 1 && ws[0] / groups <= 4)
+}
+
 /// The conv written into `dest` (a reused arena buffer or the caller's output), so that no
-/// fresh buffer is zeroed per call and a fused epilogue can run over it in place.
+/// fresh buffer is zeroed per call and a fused epilogue can run over it in place. `packed`
+/// holds the weight of each group packed at compile time, or nothing.
 pub fn conv_into(
     x: &Val,
     w: &Val,
     bias: Option<&Val>,
     p: &Params,
+    packed: &[Packed],
     dest: &mut Dest,
     threads: usize,
 ) -> KResult<()> {
@@ -169,8 +180,8 @@ pub fn conv_into(
         )));
     }
     match x.dtype {
-        DType::F32 => conv_t::<f32>(x, w, bias, &g, dest.slice()?, threads),
-        DType::F64 => conv_t::<f64>(x, w, bias, &g, dest.slice()?, threads),
+        DType::F32 => conv_t::<f32>(x, w, bias, &g, packed, dest.slice()?, threads),
+        DType::F64 => conv_t::<f64>(x, w, bias, &g, &[], dest.slice()?, threads),
         d => Err(CpuError::Internal(format!("conv into a buffer of {d}"))),
     }
 }
@@ -189,6 +200,7 @@ fn conv_t<T: GemmElem + Real>(
     w: &Val,
     bias: Option<&Val>,
     g: &Geom,
+    packed: &[Packed],
     y: &mut [T],
     threads: usize,
 ) -> KResult<()> {
@@ -212,35 +224,43 @@ fn conv_t<T: GemmElem + Real>(
             return Ok(());
         }
         // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
-        let run = |t: usize, y: &mut [T], col: &mut Vec<T>, threads: usize| {
+        let run = |t: usize, y: &mut [T], threads: usize| {
             let (b, grp) = (t / g.groups, t % g.groups);
             let x0 = (b * g.c + grp * g.cg) * ip;
             let xg = &xs[x0..x0 + g.cg * ip];
             let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
-            if g.cg == 1 && g.og <= 4 {
+            if !uses_gemm(&[g.o, g.cg], g.groups) {
                 direct(g, xg, wg, y);
             } else {
                 let k = g.cg * g.taps();
-                let cols: &[T] = if g.pointwise() {
-                    xg
-                } else {
-                    col.clear();
-                    col.resize(k * op, <T as Real>::ZERO);
-                    im2col(g, xg, col);
-                    col
-                };
-                let a = Mat {
-                    ptr: wg.as_ptr(),
-                    rs: k as isize,
-                    cs: 1,
-                };
-                let bm = Mat {
-                    ptr: cols.as_ptr(),
-                    rs: op as isize,
-                    cs: 1,
-                };
-                // SAFETY: `wg` is og×k and `cols` is k×op, both contiguous row-major.
-                unsafe { gemm_into(y, op, (g.og, op, k), a, bm, threads) };
+                with_cols(
+                    g.pointwise().then_some(xg),
+                    k * op,
+                    |col| im2col(g, xg, col),
+                    |cols| {
+                        let a = Mat {
+                            ptr: wg.as_ptr(),
+                            rs: k as isize,
+                            cs: 1,
+                        };
+                        let bm = Mat {
+                            ptr: cols.as_ptr(),
+                            rs: op as isize,
+                            cs: 1,
+                        };
+                        // SAFETY: `wg` is og×k and `cols` is k×op, both contiguous row-major.
+                        let done = match packed.get(grp) {
+                            Some(pa) => unsafe {
+                                T::gemm_packed_a(y, op, (g.og, op, k), pa, bm, threads)
+                            },
+                            None => false,
+                        };
+                        if !done {
+                            // SAFETY: as above.
+                            unsafe { gemm_into(y, op, (g.og, op, k), a, bm, threads) };
+                        }
+                    },
+                );
             }
             if let Some(bias) = &bias {
                 for (row, &bv) in y.chunks_mut(op).zip(&bias[grp * g.og..]) {
@@ -250,14 +270,46 @@ fn conv_t<T: GemmElem + Real>(
         };
         let chunk = g.og * op;
         if tasks > 1 {
-            y.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each_init(Vec::new, |col, (t, y)| run(t, y, col, 1));
+            par::for_chunks_mut(y, chunk, |start, y| run(start / chunk, y, 1));
         } else {
-            run(0, y, &mut Vec::new(), threads);
+            run(0, y, threads);
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// Per-thread im2col buffer, reused across calls (a fresh one of this size would be
+    /// page-faulted in on every call). `u64` elements so it is aligned for f32 and f64.
+    static COLS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `use_cols` with the column matrix: `given` when there is one, else `len` zeros
+/// filled by `fill` in a reused per-thread buffer.
+fn with_cols<T: Real, R>(
+    given: Option<&[T]>,
+    len: usize,
+    fill: impl FnOnce(&mut [T]),
+    use_cols: impl FnOnce(&[T]) -> R,
+) -> R {
+    if let Some(cols) = given {
+        return use_cols(cols);
+    }
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    let run = |buf: &mut Vec<u64>| {
+        buf.clear();
+        buf.resize(words, 0);
+        // SAFETY: the buffer holds `len` T's (T is f32 or f64: 8-byte alignment suffices,
+        // every bit pattern is a value, and all-zero bits are 0.0).
+        let col = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut T, len) };
+        fill(col);
+        use_cols(col)
+    };
+    COLS.with(|c| match c.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        // Re-entered on this thread: a fresh buffer.
+        Err(_) => run(&mut Vec::new()),
+    })
 }
 
 /// Fills `col` (`[cg·taps, out_plane]`) with the input value each tap of each output reads
@@ -265,10 +317,12 @@ fn conv_t<T: GemmElem + Real>(
 fn im2col<T: Real>(g: &Geom, x: &[T], col: &mut [T]) {
     let (ip, op) = (g.in_plane(), g.out_plane());
     let w = g.ax[2];
-    col.par_chunks_mut(g.taps() * op)
-        .enumerate()
-        .with_min_len(4)
-        .for_each(|(c, rows)| {
+    let per_channel = g.taps() * op;
+    // Chunks of whole channels, at least four each.
+    let per = g.cg.div_ceil(par::threads() * 2).max(4);
+    par::for_chunks_mut(col, per * per_channel, |start, rows| {
+        for (i, rows) in rows.chunks_mut(per_channel).enumerate() {
+            let c = start / per_channel + i;
             let xc = &x[c * ip..(c + 1) * ip];
             g.for_taps(|t, d_off, h_off, w_off| {
                 let row = &mut rows[t * op..(t + 1) * op];
@@ -285,7 +339,8 @@ fn im2col<T: Real>(g: &Geom, x: &[T], col: &mut [T]) {
                     }
                 });
             });
-        });
+        }
+    });
 }
 
 /// `y[oc] = Σ_tap w[oc, tap] · shifted x` for a group with a single input channel.

@@ -4,13 +4,14 @@
 
 use ember_core::dtype::DType;
 use half::f16;
-use rayon::prelude::*;
 
 use super::elementwise::cast;
+use super::sgemm::{self, Operand, Packed, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
 use crate::elem::{IntElem, B8};
 use crate::error::{CpuError, KResult};
+use crate::par;
 use crate::strided::batch_offsets;
 
 /// Products at least this large (m·n·k) let gemm use several threads.
@@ -20,10 +21,80 @@ const GEMM_PAR_MIN: usize = 48 * 48 * 48;
 pub trait GemmElem: Copy + Send + Sync + 'static {
     const ZERO: Self;
     const ONE: Self;
+
+    /// Runs the product on Ember's own kernel where there is one for this type and CPU;
+    /// false leaves it to the gemm crate.
+    ///
+    /// # Safety
+    /// As `gemm_into`.
+    unsafe fn own_gemm(
+        _dst: &mut [Self],
+        _dst_rs: usize,
+        _dims: (usize, usize, usize),
+        _a: Mat<Self>,
+        _b: Mat<Self>,
+        _threads: usize,
+    ) -> bool {
+        false
+    }
+
+    /// `dst = a · b` with `a` packed at compile time; false where this type has no such path.
+    ///
+    /// # Safety
+    /// As `gemm_into`, with `a` of shape m×k.
+    unsafe fn gemm_packed_a(
+        _dst: &mut [Self],
+        _dst_rs: usize,
+        _dims: (usize, usize, usize),
+        _a: &Packed,
+        _b: Mat<Self>,
+        _threads: usize,
+    ) -> bool {
+        false
+    }
 }
 impl GemmElem for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+
+    unsafe fn own_gemm(
+        dst: &mut [f32],
+        dst_rs: usize,
+        dims: (usize, usize, usize),
+        a: Mat<f32>,
+        b: Mat<f32>,
+        threads: usize,
+    ) -> bool {
+        if !sgemm::available() {
+            return false;
+        }
+        let (a, b) = (Operand::Strided(a.into()), Operand::Strided(b.into()));
+        // SAFETY: gemm_into checked dst's size; the operands by its contract.
+        unsafe { sgemm::sgemm(dims, a, b, dst.as_mut_ptr(), dst_rs, threads) };
+        true
+    }
+
+    unsafe fn gemm_packed_a(
+        dst: &mut [f32],
+        dst_rs: usize,
+        (m, n, k): (usize, usize, usize),
+        a: &Packed,
+        b: Mat<f32>,
+        threads: usize,
+    ) -> bool {
+        if !a.is_left() || a.rows != m || a.cols != k || m == 0 || n == 0 {
+            return false;
+        }
+        assert!(
+            dst.len() >= (m - 1) * dst_rs + n,
+            "gemm destination too small"
+        );
+        let (a, b) = (Operand::Packed(a), Operand::Strided(b.into()));
+        // SAFETY: dst checked above; b by the contract; packed operands exist only where
+        // `sgemm::available()`.
+        unsafe { sgemm::sgemm((m, n, k), a, b, dst.as_mut_ptr(), dst_rs, threads) };
+        true
+    }
 }
 impl GemmElem for f64 {
     const ZERO: Self = 0.0;
@@ -40,6 +111,16 @@ pub struct Mat<T> {
     pub ptr: *const T,
     pub rs: isize,
     pub cs: isize,
+}
+
+impl From<Mat<f32>> for Strided {
+    fn from(m: Mat<f32>) -> Strided {
+        Strided {
+            ptr: m.ptr,
+            rs: m.rs,
+            cs: m.cs,
+        }
+    }
 }
 
 impl<T> Mat<T> {
@@ -83,6 +164,10 @@ pub unsafe fn gemm_into<T: GemmElem>(
     );
     if k == 0 {
         dst.iter_mut().for_each(|d| *d = T::ZERO);
+        return;
+    }
+    // SAFETY: as this function's contract.
+    if unsafe { T::own_gemm(dst, dst_rs, (m, n, k), a, b, threads) } {
         return;
     }
     let par = if m * n * k >= GEMM_PAR_MIN && threads > 1 {
@@ -183,6 +268,44 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
     }
 }
 
+/// `a · b` into `dest` for a 2-D f32 `a` and a right operand packed at compile time.
+pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> KResult<()> {
+    let sa = a.shape();
+    if a.dtype != DType::F32
+        || dest.dtype != DType::F32
+        || b.is_left()
+        || sa.len() != 2
+        || sa[1] != b.rows
+        || dest.numel() != sa[0] * b.cols
+    {
+        return Err(CpuError::Shape(format!(
+            "dot of {}{sa:?} and a packed [{}, {}] into {}{:?}",
+            a.dtype, b.rows, b.cols, dest.dtype, dest.shape
+        )));
+    }
+    let (m, k, n) = (sa[0], sa[1], b.cols);
+    let va = a.view::<f32>()?;
+    let sa = Strided {
+        ptr: va.ptr,
+        rs: va.strides[0],
+        cs: va.strides[1],
+    };
+    let out = dest.slice::<f32>()?;
+    // SAFETY: `a`'s view addresses m×k elements; `out` holds m×n (checked above); packed
+    // operands exist only where `sgemm::available()`.
+    unsafe {
+        sgemm::sgemm(
+            (m, n, k),
+            Operand::Strided(sa),
+            Operand::Packed(b),
+            out.as_mut_ptr(),
+            n,
+            threads,
+        )
+    };
+    Ok(())
+}
+
 /// The batched product into `out` (contiguous `[B.., M, N]`).
 fn gemm_batched<T: GemmElem>(a: &Val, b: &Val, out: &mut [T], threads: usize) -> KResult<()> {
     let (batch, m, k, n) = dims(a, b)?;
@@ -198,9 +321,7 @@ fn gemm_batched<T: GemmElem>(a: &Val, b: &Val, out: &mut [T], threads: usize) ->
         unsafe { gemm_into(o, n, (m, n, k), ma, mb, t) }
     };
     if offs.len() > 1 && m * n * k < GEMM_PAR_MIN * 4 {
-        out.par_chunks_mut(m * n)
-            .zip(offs.par_iter())
-            .for_each(|(o, off)| one(o, off, 1));
+        par::for_chunks_mut(out, m * n, |start, o| one(o, &offs[start / (m * n)], 1));
     } else {
         for (o, off) in out.chunks_mut(m * n).zip(&offs) {
             one(o, off, threads);
@@ -240,7 +361,8 @@ fn dot_loops<T: Copy + Send + Sync + Default, A: Copy + Send + Sync>(
         if m * n == 0 {
             return Ok(());
         }
-        out.par_chunks_mut(n).enumerate().for_each(|(row, o)| {
+        par::for_chunks_mut(out, n, |start, o| {
+            let row = start / n;
             let (bi, i) = (row / m, row % m);
             let [oa, ob] = offs[bi];
             let mut acc = vec![zero; n];
@@ -307,9 +429,7 @@ pub fn dot_rowwise(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
             }
         };
         if threads > 1 && out.len() * k >= 1 << 16 {
-            out.par_chunks_mut(ROWWISE_CHUNK)
-                .enumerate()
-                .for_each(|(c, o)| one(c * ROWWISE_CHUNK, o));
+            par::for_chunks_mut(out, ROWWISE_CHUNK, one);
         } else {
             one(0, out);
         }

@@ -10,6 +10,7 @@ pub mod movement;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
+pub mod sgemm;
 pub mod window;
 
 use crate::buffer::{Layout, Val, View};

@@ -4,13 +4,13 @@
 
 use ember_core::dtype::DType;
 use ember_core::ir::PoolKind;
-use rayon::prelude::*;
 
 use super::elementwise::cast;
 use super::window::{size, three, Axis};
 use crate::buffer::Val;
 use crate::elem::Real;
 use crate::error::{CpuError, KResult};
+use crate::par;
 
 pub struct Params<'a> {
     pub kind: PoolKind,
@@ -52,7 +52,9 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
     let ip: usize = a.iter().map(|a| a.len).product();
     let op: usize = a.iter().map(|a| a.out).product();
     let xc = x.contiguous()?;
-    let xv = xc.to_vec::<T>()?;
+    let xview = xc.view::<T>()?;
+    // SAFETY: `xc` is contiguous with numel elements from its view's start, alive below.
+    let xv = unsafe { std::slice::from_raw_parts(xview.ptr, xc.numel()) };
     // Per axis and output: the in-bounds taps, and the window clipped to input + padding
     // (the `count_include_pad` divisor).
     let taps: Vec<Vec<(usize, usize)>> = a
@@ -75,64 +77,78 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
         if op == 0 || ip == 0 {
             return Ok(());
         }
-        y.par_chunks_mut(op)
-            .zip(xv.par_chunks(ip))
-            .with_min_len(4)
-            .for_each(|(yp, xp)| {
-                let mut o = 0;
-                for od in 0..a[0].out {
-                    for oh in 0..a[1].out {
-                        for ow in 0..a[2].out {
-                            yp[o] = window(p.kind, &a, xp, [od, oh, ow], &taps, &padded);
-                            o += 1;
-                        }
-                    }
-                }
-            });
+        // Chunks of whole planes, a few per thread.
+        let planes = y.len() / op;
+        let per = planes.div_ceil(par::threads() * 4).max(1);
+        par::for_chunks_mut(y, per * op, |start, ys| {
+            for (i, yp) in ys.chunks_mut(op).enumerate() {
+                let plane = start / op + i;
+                let xp = &xv[plane * ip..(plane + 1) * ip];
+                plane_rows(p.kind, &a, xp, yp, &taps, &padded);
+            }
+        });
         Ok(())
     })
 }
 
-/// One output element.
-fn window<T: Real>(
+/// One plane, an output row (fixed od, oh) at a time: each tap row in bounds is swept across
+/// the row's outputs, so the inner loop is a strided pass with no per-element tap search.
+/// Per output, values combine in the same (tap) order as a per-element loop would, so
+/// averages round identically.
+fn plane_rows<T: Real>(
     kind: PoolKind,
     a: &[Axis; 3],
     xp: &[T],
-    o: [usize; 3],
+    yp: &mut [T],
     taps: &[Vec<(usize, usize)>],
     padded: &[Vec<usize>],
-) -> T {
-    let t = [taps[0][o[0]], taps[1][o[1]], taps[2][o[2]]];
-    let start = |i: usize, k: usize| o[i] * a[i].stride + k * a[i].dilation - a[i].pad;
-    let mut max = -T::INF;
-    let mut sum = T::ZERO;
-    for i in t[0].0..t[0].1 {
-        for j in t[1].0..t[1].1 {
-            let row = (start(0, i) * a[1].len + start(1, j)) * a[2].len;
-            for l in t[2].0..t[2].1 {
-                let v = xp[row + start(2, l)];
-                // NaN wins, as in torch.
-                if v > max || v.is_nan() {
-                    max = v;
+) {
+    let max = matches!(kind, PoolKind::Max);
+    let w = a[2];
+    for od in 0..a[0].out {
+        for oh in 0..a[1].out {
+            let row = &mut yp[(od * a[1].out + oh) * w.out..][..w.out];
+            row.fill(if max { -T::INF } else { T::ZERO });
+            let (ti, tj) = (taps[0][od], taps[1][oh]);
+            for i in ti.0..ti.1 {
+                let id = od * a[0].stride + i * a[0].dilation - a[0].pad;
+                for j in tj.0..tj.1 {
+                    let ih = oh * a[1].stride + j * a[1].dilation - a[1].pad;
+                    let xr = &xp[(id * a[1].len + ih) * w.len..][..w.len];
+                    for l in 0..w.kernel {
+                        let off = w.tap_offset(l);
+                        let (lo, hi) = w.valid_outputs(off);
+                        for (ow, y) in row.iter_mut().enumerate().take(hi).skip(lo) {
+                            let v = xr[((ow * w.stride) as isize + off) as usize];
+                            if max {
+                                // NaN wins, as in torch. A select, not a branch: on real
+                                // data the comparison is unpredictable.
+                                let take = (v > *y) | v.is_nan();
+                                *y = if take { v } else { *y };
+                            } else {
+                                *y = *y + v;
+                            }
+                        }
+                    }
                 }
-                sum = sum + v;
             }
-        }
-    }
-    match kind {
-        PoolKind::Max => max,
-        PoolKind::Avg {
-            count_include_pad,
-            divisor,
-        } => {
-            let d = match divisor {
-                Some(d) => d as f64,
-                None if count_include_pad => {
-                    (padded[0][o[0]] * padded[1][o[1]] * padded[2][o[2]]) as f64
+            if let PoolKind::Avg {
+                count_include_pad,
+                divisor,
+            } = kind
+            {
+                for (ow, y) in row.iter_mut().enumerate() {
+                    let tl = taps[2][ow];
+                    let d = match divisor {
+                        Some(d) => d as f64,
+                        None if count_include_pad => {
+                            (padded[0][od] * padded[1][oh] * padded[2][ow]) as f64
+                        }
+                        None => ((ti.1 - ti.0) * (tj.1 - tj.0) * (tl.1 - tl.0)) as f64,
+                    };
+                    *y = T::of(y.f64() / d);
                 }
-                None => ((t[0].1 - t[0].0) * (t[1].1 - t[1].0) * (t[2].1 - t[2].0)) as f64,
-            };
-            T::of(sum.f64() / d)
+            }
         }
     }
 }

@@ -1,0 +1,126 @@
+//! f32 matrix products on the benchmark models' shapes: the `gemm` crate vs Ember's `sgemm`
+//! (activations packed per call, the weight packed once), medians of many calls in µs and
+//! GFLOP/s, on 1 and 2 threads.
+//! `cargo run -p ember-cpu --release --example gemm_bench`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
+use ember_cpu::internals::{gemm_into, with_helpers, Mat};
+
+fn median_us(mut f: impl FnMut()) -> f64 {
+    for _ in 0..20 {
+        f();
+    }
+    let start = Instant::now();
+    let mut reps = 0;
+    while start.elapsed().as_secs_f64() < 0.05 {
+        f();
+        reps += 1;
+    }
+    let reps = reps.clamp(5, 2000);
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    if !sgemm::available() {
+        eprintln!("this CPU lacks AVX2/FMA: sgemm is not used here");
+        return;
+    }
+    // (m, n, k, what): MLP, Llama prefill (64 tokens) and decode, attention, a CNN conv.
+    let shapes = [
+        (32, 1024, 256, "MLP up"),
+        (32, 1024, 1024, "MLP mid"),
+        (32, 256, 1024, "MLP down"),
+        (64, 256, 256, "prefill qkvo"),
+        (64, 688, 256, "prefill gate"),
+        (64, 256, 688, "prefill down"),
+        (64, 512, 256, "prefill lm head"),
+        (1, 512, 256, "decode lm head"),
+        (1, 688, 256, "decode gate"),
+        (64, 64, 32, "attention qk"),
+        (64, 3136, 576, "conv 3x3 64ch 56x56"),
+    ];
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for threads in [1usize, 2] {
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap(),
+        );
+        for &(m, n, k, what) in &shapes {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+            let mut c = vec![0.0f32; m * n];
+            // Addresses as integers: `install` needs a Send closure and `Mat` holds pointers.
+            let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
+            let crate_us = median_us(|| {
+                pool.install(|| {
+                    let ma = Mat {
+                        ptr: pa as *const f32,
+                        rs: k as isize,
+                        cs: 1,
+                    };
+                    let mb = Mat {
+                        ptr: pb as *const f32,
+                        rs: n as isize,
+                        cs: 1,
+                    };
+                    // SAFETY: a, b, c hold m×k, k×n, m×n elements.
+                    unsafe { gemm_into(&mut c, n, (m, n, k), ma, mb, threads) }
+                })
+            });
+            let sa = Strided {
+                ptr: a.as_ptr(),
+                rs: k as isize,
+                cs: 1,
+            };
+            let sb = Strided {
+                ptr: b.as_ptr(),
+                rs: n as isize,
+                cs: 1,
+            };
+            let own_us = median_us(|| {
+                with_helpers(&pool, threads, || unsafe {
+                    sgemm::sgemm(
+                        (m, n, k),
+                        Operand::Strided(sa),
+                        Operand::Strided(sb),
+                        c.as_mut_ptr(),
+                        n,
+                        threads,
+                    )
+                })
+            });
+            // SAFETY: b holds k×n elements.
+            let pb = unsafe { Packed::b(k, n, sb) };
+            let packed_us = median_us(|| {
+                with_helpers(&pool, threads, || unsafe {
+                    sgemm::sgemm(
+                        (m, n, k),
+                        Operand::Strided(sa),
+                        Operand::Packed(&pb),
+                        c.as_mut_ptr(),
+                        n,
+                        threads,
+                    )
+                })
+            });
+            let gflops = 2.0 * (m * n * k) as f64 / packed_us / 1e3;
+            println!(
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {packed_us:.1} | {gflops:.1} |"
+            );
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! f32 matrix products on AVX2 + FMA: Ember's own GEMM for the shapes of inference.
+//!
+//! Both operands are packed into panels (the BLIS scheme): `a` into panels of `MR` rows,
+//! stored k-major (`MR` values per step of k), `b` into panels of `NR` columns (`NR` values
+//! per step of k), zero-padded at the edges. A 6×16 register tile (12 accumulators of 8
+//! lanes) then multiplies one panel of each with two vector loads, six broadcasts and twelve
+//! FMAs per step of k. Loops are blocked so a `b` panel slice (`KC`×16) stays in L1 and an `a`
+//! block (`MC`×`KC`) in L2.
+//!
+//! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
+//! packs only its activations: for the skinny products of inference (few rows, wide weights)
+//! packing the weight per call costs as much as the product. Measured against the `gemm`
+//! crate on the benchmark shapes (`cargo run -p ember-cpu --release --example gemm_bench`).
+//! Work is split into (row block × column group) tasks through `par.rs`, so it runs on the
+//! caller's thread with the pool helping, never behind a thread hand-off.
+//!
+//! The result differs from a plain loop only by rounding: every output is a sequence of FMAs
+//! over k in order (blocks of `KC` added in order).
+
+use std::cell::RefCell;
+
+use crate::par;
+
+/// Rows of the register tile.
+pub const MR: usize = 6;
+/// Columns of the register tile (two AVX vectors).
+pub const NR: usize = 16;
+/// Steps of k per block: a `b` panel slice of KC×NR floats (16 KiB) fits L1.
+const KC: usize = 256;
+/// Rows per block: an `a` block of MC×KC floats (96 KiB) fits L2.
+const MC: usize = 96;
+/// Multiply-adds below which a product runs on one thread: waking a helper costs ≈ 10–20 µs
+/// on our VMs, about 1M multiply-adds.
+const PAR_MIN_WORK: usize = 1 << 21;
+
+/// Whether this CPU runs the kernel (AVX2 and FMA; `EMBER_CPU_SIMD=0` turns it off).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            let wanted = std::env::var("EMBER_CPU_SIMD").map_or(true, |v| v.trim() != "0");
+            wanted
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A strided f32 matrix: element (i, j) at `ptr + i·rs + j·cs`.
+#[derive(Clone, Copy)]
+pub struct Strided {
+    pub ptr: *const f32,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+// SAFETY: a `Strided` only reads, and `sgemm`'s contract keeps its memory alive and unwritten
+// for the call.
+unsafe impl Send for Strided {}
+unsafe impl Sync for Strided {}
+
+impl Strided {
+    /// Where element (i, j) lies (a method, so closures capture the whole `Sync` struct).
+    fn at(&self, i: usize, j: usize) -> *const f32 {
+        self.ptr
+            .wrapping_offset(i as isize * self.rs + j as isize * self.cs)
+    }
+}
+
+/// An operand packed into panels (of `MR` rows for a left operand, `NR` columns for a
+/// right one).
+pub struct Packed {
+    /// Rows and columns of the matrix it holds.
+    pub rows: usize,
+    pub cols: usize,
+    /// Whether it is a left (`a`) operand: panels of rows; else panels of columns.
+    left: bool,
+    data: Vec<f32>,
+}
+
+impl Packed {
+    /// `src` (`rows`×`cols`) packed as the left operand of a product.
+    ///
+    /// # Safety
+    /// `src` must address `rows`×`cols` readable elements.
+    pub unsafe fn a(rows: usize, cols: usize, src: Strided) -> Packed {
+        let mut data = vec![0.0; rows.div_ceil(MR) * MR * cols];
+        // SAFETY: by the contract; `data` has room for every panel.
+        unsafe { pack_a(&mut data, rows, cols, src, 1) };
+        Packed {
+            rows,
+            cols,
+            left: true,
+            data,
+        }
+    }
+
+    /// `src` (`rows`×`cols`) packed as the right operand of a product.
+    ///
+    /// # Safety
+    /// `src` must address `rows`×`cols` readable elements.
+    pub unsafe fn b(rows: usize, cols: usize, src: Strided) -> Packed {
+        let mut data = vec![0.0; cols.div_ceil(NR) * NR * rows];
+        // SAFETY: by the contract; `data` has room for every panel.
+        unsafe { pack_b(&mut data, rows, cols, src, 1) };
+        Packed {
+            rows,
+            cols,
+            left: false,
+            data,
+        }
+    }
+
+    pub fn is_left(&self) -> bool {
+        self.left
+    }
+}
+
+/// An operand of `sgemm`: strided (packed per call) or packed already.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    Strided(Strided),
+    Packed(&'a Packed),
+}
+
+/// Copies `n` panels' worth of work to threads (or runs them here for small work).
+fn split(n: usize, threads: usize, work: usize, body: impl Fn(usize) + Sync) {
+    if threads > 1 && work >= PAR_MIN_WORK {
+        par::for_each(n, body);
+    } else {
+        (0..n).for_each(body);
+    }
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: shared only to write disjoint panels or tiles of one exclusively borrowed buffer.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
+/// Packs `src` (`rows`×`k`) into `dst` as panels of `MR` rows, each `k`×`MR` (k-major).
+///
+/// # Safety
+/// `src` must address `rows`×`k` readable elements; `dst` holds ⌈rows/MR⌉·MR·k floats.
+unsafe fn pack_a(dst: &mut [f32], rows: usize, k: usize, src: Strided, threads: usize) {
+    let panels = rows.div_ceil(MR);
+    assert!(dst.len() >= panels * MR * k);
+    let base = SendPtr(dst.as_mut_ptr());
+    let base = &base;
+    split(panels, threads, rows * k, |i| {
+        // SAFETY: panel i owns dst[i·MR·k..(i+1)·MR·k]; reads by the contract.
+        unsafe {
+            let out = base.0.add(i * MR * k);
+            let r0 = i * MR;
+            let live = MR.min(rows - r0);
+            for r in 0..MR {
+                if r >= live {
+                    for p in 0..k {
+                        *out.add(p * MR + r) = 0.0;
+                    }
+                    continue;
+                }
+                for p in 0..k {
+                    *out.add(p * MR + r) = *src.at(r0 + r, p);
+                }
+            }
+        }
+    });
+}
+
+/// Packs `src` (`k`×`cols`) into `dst` as panels of `NR` columns, each `k`×`NR`.
+///
+/// # Safety
+/// `src` must address `k`×`cols` readable elements; `dst` holds ⌈cols/NR⌉·NR·k floats.
+unsafe fn pack_b(dst: &mut [f32], k: usize, cols: usize, src: Strided, threads: usize) {
+    let panels = cols.div_ceil(NR);
+    assert!(dst.len() >= panels * NR * k);
+    let base = SendPtr(dst.as_mut_ptr());
+    let base = &base;
+    split(panels, threads, cols * k, |j| {
+        // SAFETY: panel j owns dst[j·NR·k..(j+1)·NR·k]; reads by the contract.
+        unsafe { pack_b_panel(base.0.add(j * NR * k), src, 0, k, j * NR, cols) };
+    });
+}
+
+/// Packs rows `k0..k0 + kc` of columns `c0..c0 + NR` of `src` (`cols` columns in all; those
+/// past it read as zero) into `out` (`kc`×`NR`).
+///
+/// # Safety
+/// `src` must address rows `k0..k0 + kc` of `cols` columns; `out` holds kc·NR floats.
+unsafe fn pack_b_panel(out: *mut f32, src: Strided, k0: usize, kc: usize, c0: usize, cols: usize) {
+    let live = NR.min(cols - c0);
+    // SAFETY (whole body): reads inside the rows and live columns; writes inside `out`.
+    unsafe {
+        if src.cs == 1 && live == NR {
+            // A fixed-size copy compiles to two vector moves (a `copy_nonoverlapping` of a
+            // run-time length is a `memmove` call per row).
+            for p in 0..kc {
+                let row = src.at(k0 + p, c0) as *const [f32; NR];
+                (out.add(p * NR) as *mut [f32; NR]).write_unaligned(row.read_unaligned());
+            }
+        } else if src.cs == 1 {
+            for p in 0..kc {
+                let o = out.add(p * NR);
+                std::ptr::copy_nonoverlapping(src.at(k0 + p, c0), o, live);
+                for c in live..NR {
+                    *o.add(c) = 0.0;
+                }
+            }
+        } else {
+            for c in 0..NR {
+                if c >= live {
+                    for p in 0..kc {
+                        *out.add(p * NR + c) = 0.0;
+                    }
+                    continue;
+                }
+                for p in 0..kc {
+                    *out.add(p * NR + c) = *src.at(k0 + p, c0 + c);
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch for packed activations, reused across calls (a fresh allocation
+    /// of this size would be page-faulted in on every call).
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `c[m×n] (row stride ldc, unit column stride) = a[m×k] · b[k×n]`, every element written.
+///
+/// # Safety
+/// `available()` must be true; strided operands must address `m×k` / `k×n` readable
+/// elements; packed ones must have those shapes (and sides); `c` must address `m` rows of
+/// `n` writable elements at stride `ldc`, overlapping neither operand.
+pub unsafe fn sgemm(
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            // SAFETY: row i of c by the contract.
+            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
+        }
+        return;
+    }
+    let threads = if m * n * k >= PAR_MIN_WORK {
+        threads
+    } else {
+        1
+    };
+    let b = match b {
+        Operand::Packed(p) => Panels::Packed(&p.data),
+        Operand::Strided(s) => Panels::Strided(s),
+    };
+    match a {
+        // SAFETY: the packed operands have the shapes of the contract; c by the contract.
+        Operand::Packed(pa) => unsafe { multiply((m, n, k), &pa.data, b, c, ldc, threads) },
+        Operand::Strided(sa) => SCRATCH.with(|s| {
+            let mut fresh = Vec::new();
+            // Re-entered on this thread (a kernel calling a GEMM per task): a fresh buffer.
+            let mut held = s.try_borrow_mut();
+            let buf = match held.as_mut() {
+                Ok(b) => &mut **b,
+                Err(_) => &mut fresh,
+            };
+            buf.clear();
+            buf.resize(m.div_ceil(MR) * MR * k, 0.0);
+            // SAFETY: sa addresses m×k elements; c by the contract.
+            unsafe {
+                pack_a(buf, m, k, sa, threads);
+                multiply((m, n, k), buf, b, c, ldc, threads)
+            }
+        }),
+    }
+}
+
+/// The right operand: panels packed already, or a matrix whose panels each task packs as
+/// it reaches them (into a buffer that stays in L1), so the packing costs no extra pass over
+/// memory.
+#[derive(Clone, Copy)]
+enum Panels<'a> {
+    Packed(&'a [f32]),
+    Strided(Strided),
+}
+
+/// The blocked product into `c`.
+///
+/// # Safety
+/// `pa` holds ⌈m/MR⌉ panels of k×MR; packed `pb` ⌈n/NR⌉ panels of k×NR, a strided one
+/// addresses k×n elements; `c` as in `sgemm`.
+unsafe fn multiply(
+    (m, n, k): (usize, usize, usize),
+    pa: &[f32],
+    pb: Panels,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    let (a_panels, b_panels) = (m.div_ceil(MR), n.div_ceil(NR));
+    assert!(pa.len() >= a_panels * MR * k);
+    if let Panels::Packed(pb) = pb {
+        assert!(pb.len() >= b_panels * NR * k);
+    }
+    let row_blocks = m.div_ceil(MC);
+    // Column groups: enough tasks for every thread to get several, each at least one panel.
+    let want = (threads * 4).div_ceil(row_blocks).max(1);
+    let per_group = b_panels.div_ceil(want).max(1);
+    let groups = b_panels.div_ceil(per_group);
+    let c = SendPtr(c);
+    let c = &c;
+    split(row_blocks * groups, threads, usize::MAX, |t| {
+        let (rb, g) = (t / groups, t % groups);
+        let (p0, p1) = (rb * MC / MR, ((rb + 1) * MC / MR).min(a_panels));
+        let (q0, q1) = (g * per_group, ((g + 1) * per_group).min(b_panels));
+        let mut panel = [0.0f32; KC * NR];
+        let mut kb = 0;
+        while kb < k {
+            let kc = KC.min(k - kb);
+            for q in q0..q1 {
+                let cols = NR.min(n - q * NR);
+                let bp: *const f32 = match pb {
+                    Panels::Packed(pb) => pb[q * NR * k + kb * NR..].as_ptr(),
+                    Panels::Strided(s) => {
+                        // SAFETY: s addresses k×n elements; the buffer holds KC·NR floats.
+                        unsafe { pack_b_panel(panel.as_mut_ptr(), s, kb, kc, q * NR, n) };
+                        panel.as_ptr()
+                    }
+                };
+                for p in p0..p1 {
+                    let rows = MR.min(m - p * MR);
+                    let ap = &pa[p * MR * k + kb * MR..];
+                    // SAFETY: the tile (p, q) lies inside c; tasks own disjoint tiles; the
+                    // panel slices hold kc steps.
+                    unsafe {
+                        let ct = c.0.add(p * MR * ldc + q * NR);
+                        tile(rows, cols, kc, ap.as_ptr(), bp, ct, ldc, kb > 0);
+                    }
+                }
+            }
+            kb += kc;
+        }
+    });
+}
+
+/// One register tile: `c[rows×cols] (+)= a_panel · b_panel` over `kc` steps.
+///
+/// # Safety
+/// As `multiply`; `rows ≤ MR`, `cols ≤ NR`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn tile(
+    rows: usize,
+    cols: usize,
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    add: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present.
+    unsafe {
+        match rows {
+            1 => x86::tile::<1>(cols, kc, a, b, c, ldc, add),
+            2 => x86::tile::<2>(cols, kc, a, b, c, ldc, add),
+            3 => x86::tile::<3>(cols, kc, a, b, c, ldc, add),
+            4 => x86::tile::<4>(cols, kc, a, b, c, ldc, add),
+            5 => x86::tile::<5>(cols, kc, a, b, c, ldc, add),
+            _ => x86::tile::<6>(cols, kc, a, b, c, ldc, add),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, cols, kc, a, b, c, ldc, add);
+        unreachable!("sgemm runs only where available() is true");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// The `R`-row tile. Two passes over k interleave (even and odd steps into separate
+    /// accumulators) when R is small, so FMA latency is hidden by independent chains.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // `r` indexes the accumulators and the a panel
+    pub unsafe fn tile<const R: usize>(
+        cols: usize,
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        add: bool,
+    ) {
+        // SAFETY (whole body): pointers stay inside the panels (kc steps) and the c tile
+        // (R rows, `cols` columns), by the caller's contract.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            if R <= 2 {
+                let mut odd = [[_mm256_setzero_ps(); 2]; R];
+                let mut p = 0;
+                while p + 1 < kc {
+                    let (b0, b1) = (
+                        _mm256_loadu_ps(b.add(p * NR)),
+                        _mm256_loadu_ps(b.add(p * NR + 8)),
+                    );
+                    let (b2, b3) = (
+                        _mm256_loadu_ps(b.add(p * NR + NR)),
+                        _mm256_loadu_ps(b.add(p * NR + NR + 8)),
+                    );
+                    for r in 0..R {
+                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
+                        let y = _mm256_broadcast_ss(&*a.add(p * MR + MR + r));
+                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                        odd[r][0] = _mm256_fmadd_ps(y, b2, odd[r][0]);
+                        odd[r][1] = _mm256_fmadd_ps(y, b3, odd[r][1]);
+                    }
+                    p += 2;
+                }
+                if p < kc {
+                    let (b0, b1) = (
+                        _mm256_loadu_ps(b.add(p * NR)),
+                        _mm256_loadu_ps(b.add(p * NR + 8)),
+                    );
+                    for r in 0..R {
+                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
+                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+                for r in 0..R {
+                    acc[r][0] = _mm256_add_ps(acc[r][0], odd[r][0]);
+                    acc[r][1] = _mm256_add_ps(acc[r][1], odd[r][1]);
+                }
+            } else {
+                for p in 0..kc {
+                    let (b0, b1) = (
+                        _mm256_loadu_ps(b.add(p * NR)),
+                        _mm256_loadu_ps(b.add(p * NR + 8)),
+                    );
+                    for r in 0..R {
+                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
+                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let row = c.add(r * ldc);
+                if cols == NR {
+                    let (mut v0, mut v1) = (acc[0], acc[1]);
+                    if add {
+                        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(row));
+                        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(row.add(8)));
+                    }
+                    _mm256_storeu_ps(row, v0);
+                    _mm256_storeu_ps(row.add(8), v1);
+                } else {
+                    let mut tmp = [0.0f32; NR];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), acc[0]);
+                    _mm256_storeu_ps(tmp.as_mut_ptr().add(8), acc[1]);
+                    for (j, &v) in tmp.iter().enumerate().take(cols) {
+                        let d = row.add(j);
+                        *d = if add { *d + v } else { v };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
+        let mut c = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                    .sum();
+            }
+        }
+        c
+    }
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 16) as f32 / 32768.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_a_plain_product_in_every_operand_form() {
+        if !available() {
+            return;
+        }
+        let pool = std::sync::Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 17, 3),
+            (7, 33, 300),
+            (13, 16, 257),
+            (100, 40, 600),
+            (6, 512, 64),
+        ] {
+            let (a, b) = (data(m * k, 1), data(k * n, 2));
+            let want = reference(m, n, k, &a, &b);
+            // a row-major, b given transposed (column-major) to exercise both pack paths.
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let sa = Strided {
+                ptr: a.as_ptr(),
+                rs: k as isize,
+                cs: 1,
+            };
+            let sb = Strided {
+                ptr: b.as_ptr(),
+                rs: n as isize,
+                cs: 1,
+            };
+            let sbt = Strided {
+                ptr: bt.as_ptr(),
+                rs: 1,
+                cs: k as isize,
+            };
+            // SAFETY: the operands address exactly these shapes.
+            let (pa, pb) = unsafe { (Packed::a(m, k, sa), Packed::b(k, n, sb)) };
+            let forms = [
+                (Operand::Strided(sa), Operand::Strided(sb)),
+                (Operand::Strided(sa), Operand::Strided(sbt)),
+                (Operand::Packed(&pa), Operand::Strided(sb)),
+                (Operand::Strided(sa), Operand::Packed(&pb)),
+                (Operand::Packed(&pa), Operand::Packed(&pb)),
+            ];
+            for (f, (oa, ob)) in forms.into_iter().enumerate() {
+                for threads in [1, 2] {
+                    let ldc = n + 3;
+                    let mut c = vec![f32::NAN; m * ldc];
+                    par::with_helpers(&pool, threads, || {
+                        // SAFETY: c has m rows of stride ldc.
+                        unsafe { sgemm((m, n, k), oa, ob, c.as_mut_ptr(), ldc, threads) }
+                    });
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (got, w) = (c[i * ldc + j] as f64, want[i * n + j]);
+                            assert!(
+                                (got - w).abs() <= 1e-5 * (k as f64).sqrt() * (1.0 + w.abs()),
+                                "{m}x{n}x{k} form {f} threads {threads} at ({i},{j}): {got} vs {w}"
+                            );
+                        }
+                        assert!(
+                            c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()),
+                            "wrote past a row"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
