@@ -40,8 +40,7 @@ pub enum Mode {
     /// hand-off is waited for; a loop too small to pay for waking a helper runs alone.
     Caller,
     /// Products the `gemm` crate computes (f64, f16, or a CPU without AVX2/FMA), which split
-    /// their work with rayon itself: inside the pool (whose threads, one fewer than
-    /// `num_threads` since the caller normally works too, are then all the help they get).
+    /// their work with rayon itself: inside the pool.
     Pool,
 }
 

@@ -34,8 +34,7 @@ pub mod internals {
 
 use compile::Program;
 
-/// The CPU backend. `num_threads` threads work on a call (0: one per core): the caller's
-/// and a pool of `num_threads - 1` helpers.
+/// The CPU backend. `num_threads` sizes its thread pool (0: one per core).
 ///
 /// Elementwise chains are fused into one blocked pass and `dot` + bias + activation into one
 /// GEMM with an epilogue, unless fusion is turned off with `with_fusion(false)` or the
@@ -49,19 +48,13 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     pub fn new(num_threads: usize) -> CpuBackend {
-        // The caller's thread works too (`par.rs`), so the pool needs one thread fewer: an
-        // extra thread would only compete with the caller for the cores.
-        let helpers = match num_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads((helpers - 1).max(1))
+            .num_threads(num_threads)
             .thread_name(|i| format!("ember-cpu-{i}"))
             .build()
             .or_else(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build())
             .expect("cannot start even a one-thread pool");
-        let num_threads = helpers;
+        let num_threads = pool.current_num_threads();
         let fuse = std::env::var("EMBER_CPU_FUSE").map_or(true, |v| v.trim() != "0");
         CpuBackend {
             num_threads,
