@@ -155,6 +155,43 @@ fn pack_weight_operands(
     }
 }
 
+/// A permuted weight copied contiguous at compile time (`prepack_permuted_weight`) that only
+/// packed products read is never read at run time: it becomes a view of the weight again,
+/// so the program does not hold a third copy of every `linear` weight.
+fn drop_unread_weight_copies(
+    graph: &Graph,
+    packed: &[Vec<Packed>],
+    bound: &mut [Option<Val>],
+) -> crate::error::KResult<()> {
+    for (id, node) in graph.nodes.iter().enumerate() {
+        let perm = match &node.op {
+            Op::Permute { perm } => perm,
+            Op::Kernel { name, base } if name == KERNEL_PACKED => match base.as_ref() {
+                Op::Permute { perm } => perm,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let Some(&src) = node.inputs.first() else {
+            continue;
+        };
+        if bound[id].is_none() || bound[src].is_none() || graph.outputs.contains(&id) {
+            continue;
+        }
+        let only_packed_readers = graph.nodes.iter().enumerate().all(|(u, user)| {
+            !user.inputs.contains(&id)
+                || (matches!(user.op, Op::Dot)
+                    && user.inputs.len() == 2
+                    && user.inputs[0] != id
+                    && packed[u].len() == 1)
+        });
+        if only_packed_readers {
+            bound[id] = bound[src].as_ref().map(|w| permute(w, perm)).transpose()?;
+        }
+    }
+    Ok(())
+}
+
 fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Error {
     Error::Compile(format!(
         "{msg} (op {}, node '{}')",
@@ -237,6 +274,8 @@ impl Program {
             .map(|node| pack_weight_operands(node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
+        drop_unread_weight_copies(&graph, &packed, &mut bound)
+            .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
         let reads: Vec<Vec<usize>> = (0..graph.nodes.len())
             .map(|id| fusion.reads(&graph, id))
@@ -311,5 +350,51 @@ impl Program {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<Vec<usize>>, Arc<Plan>>> {
         // A poisoned lock only means another call panicked mid-insert; the map is still valid.
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ember_core::dim::Dim;
+    use ember_core::ir::TensorType;
+    use ember_core::tensor::HostTensor;
+
+    fn ty(shape: &[usize]) -> TensorType {
+        TensorType::new(DType::F32, shape.iter().map(|&d| Dim::from(d)).collect())
+    }
+
+    /// `x @ wᵀ` (a `linear`): the weight is packed once and the transposed copy made for the
+    /// `gemm` crate is not kept (the permute is a view of the weight again).
+    #[test]
+    fn a_packed_linear_weight_keeps_no_transposed_copy() {
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (5, 3);
+        let mut g = Graph::new();
+        let x = g
+            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .unwrap();
+        let w = g
+            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
+            .unwrap();
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
+        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+        g.outputs = vec![y];
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let mut weights = Weights::new();
+        weights.insert(
+            "w".into(),
+            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
+        );
+        let prog = Program::new(&g, &weights, true).unwrap();
+        assert_eq!(prog.packed[y].len(), 1, "the weight operand is packed");
+        let view = prog.bound[wt].as_ref().expect("the permute stays bound");
+        assert_eq!(
+            view.layout.strides,
+            vec![1, k as isize],
+            "a view, not a contiguous copy"
+        );
     }
 }
