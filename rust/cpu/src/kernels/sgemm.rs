@@ -2,7 +2,8 @@
 //!
 //! Both operands are packed into panels (the BLIS scheme): `a` into panels of `MR` rows,
 //! stored k-major (`MR` values per step of k), `b` into panels of `NR` columns (`NR` values
-//! per step of k), zero-padded at the edges. A 6×16 register tile (12 accumulators of 8
+//! per step of k), zero-padded at the edges; a `b` not packed already is packed panel by
+//! panel inside each task, into a buffer that stays in L1. A 6×16 register tile (12 accumulators of 8
 //! lanes) then multiplies one panel of each with two vector loads, six broadcasts and twelve
 //! FMAs per step of k. Loops are blocked so a `b` panel slice (`KC`×16) stays in L1 and an `a`
 //! block (`MC`×`KC`) in L2.
@@ -15,7 +16,8 @@
 //! caller's thread with the pool helping, never behind a thread hand-off.
 //!
 //! The result differs from a plain loop only by rounding: every output is a sequence of FMAs
-//! over k in order (blocks of `KC` added in order).
+//! over k in order (blocks of `KC` added in order); tiles of one or two rows accumulate even
+//! and odd steps of k separately and add the two at the end.
 
 use std::cell::RefCell;
 
