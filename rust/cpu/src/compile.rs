@@ -128,7 +128,7 @@ fn pack_weight_operands(
             // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
             Ok(vec![unsafe { Packed::b(v.shape[0], v.shape[1], src) }])
         }
-        Op::Conv { groups, .. } => {
+        Op::Conv { groups, .. } if v.shape.len() >= 3 => {
             let w = w.contiguous()?;
             let v = w.view::<f32>()?;
             let (o, per_out) = (v.shape[0], v.shape[1..].iter().product::<usize>());
