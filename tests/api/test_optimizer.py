@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import Fn
-from ember.models import MLP, Llama, LlamaConfig, NormChain
+from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
 
 # Search long enough to measure many candidates of these small graphs.
 FUZZ = {"search_iterations": 40, "time_budget_s": 60.0, "cache": False, "quiet": True}
@@ -38,10 +38,15 @@ def _silu_mlp(x, w1, w2):
 
 def _cases():
     torch.manual_seed(0)
-    cfg = LlamaConfig(layers=1, dim=64, heads=4, hidden=96, vocab=50)
+    # Grouped-query attention (2 KV heads for 4 query heads), as in the benchmark's Llama.
+    cfg = LlamaConfig(layers=1, dim=64, heads=4, kv_heads=2, hidden=96, vocab=50)
     return {
         "mlp": (MLP((48, 40, 40, 10)), (torch.randn(5, 48),)),
         "llama-block": (Llama(cfg), (torch.randint(0, 50, (1, 9)),)),
+        "llama-decode": (
+            LlamaDecodeStep(Llama(cfg)),
+            (torch.randint(0, 50, (1, 1)), *llama_cache(cfg, 1, 6)),
+        ),
         "attention": (Fn(_attention), tuple(torch.randn(2, 3, 7, 16) for _ in range(3))),
         "norms": (Fn(_norms), (torch.randn(2, 5, 24) * 50, torch.randn(24), torch.randn(24))),
         "silu-mlp": (Fn(_silu_mlp), (torch.randn(3, 20), torch.randn(30, 20), torch.randn(7, 30))),

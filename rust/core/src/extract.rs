@@ -31,6 +31,10 @@ pub struct Candidate {
 /// Estimated cost of running one op (arbitrary units ~ element passes over memory).
 pub trait CostModel {
     fn node_cost(&self, op: &Op, inputs: &[&TensorType], output: &TensorType) -> f64;
+
+    /// Extra cost of a reshape that cannot be a view because it merges a broadcast dim with
+    /// others (backends then copy the broadcast into a full-size buffer).
+    fn copy_cost(&self, output: &TensorType) -> f64;
 }
 
 /// A backend-neutral model: bytes moved plus arithmetic, plus a fixed per-op overhead, with
@@ -91,6 +95,10 @@ impl CostModel for DefaultCost {
             Op::Reduce { .. } | Op::Cumsum { .. } => OP_OVERHEAD + ins + out,
             _ => OP_OVERHEAD + ins + out,
         }
+    }
+
+    fn copy_cost(&self, output: &TensorType) -> f64 {
+        OP_OVERHEAD + 2.0 * self.numel(output)
     }
 }
 
@@ -193,6 +201,7 @@ impl<'a> Extractor<'a> {
     /// default choices acyclic).
     fn compute_costs(&mut self, model: &dyn CostModel) {
         let n = self.data.classes.len();
+        let broadcast: Vec<bool> = (0..n).map(|c| self.is_broadcast(c)).collect();
         for c in 0..n {
             for i in 0..self.data.classes[c].len() {
                 let en = &self.data.classes[c][i];
@@ -203,8 +212,12 @@ impl<'a> Extractor<'a> {
                             .iter()
                             .filter_map(|&ch| self.types[ch].as_ref())
                             .collect();
+                        let copies = matches!(op, Op::Reshape { .. })
+                            && en.children.first().is_some_and(|&ch| broadcast[ch])
+                            && ins.first().is_some_and(|x| !same_but_unit_dims(x, out));
                         // Strictly positive for ops, so a class costs more than its children.
                         model.node_cost(op, &ins, out).max(0.0)
+                            + if copies { model.copy_cost(out) } else { 0.0 }
                             + if en.children.is_empty() { 0.0 } else { 1e-3 }
                     }
                     _ => f64::INFINITY,
@@ -231,6 +244,24 @@ impl<'a> Extractor<'a> {
                 }
             }
         }
+    }
+
+    /// Whether class `c` is a broadcast: one of its e-nodes expands a size-1 dim.
+    fn is_broadcast(&self, c: ClassId) -> bool {
+        let Some(out) = &self.types[c] else {
+            return false;
+        };
+        self.data.classes[c].iter().enumerate().any(|(i, en)| {
+            let (Some(Op::Expand { .. }), Some(&x)) = (&self.ops[c][i], en.children.first()) else {
+                return false;
+            };
+            self.types[x].as_ref().is_some_and(|xt| {
+                xt.shape
+                    .iter()
+                    .zip(&out.shape)
+                    .any(|(a, b)| a.as_const() == Some(1) && b.as_const() != Some(1))
+            })
+        })
     }
 
     /// The usable e-nodes of class `c` other than its default, with their tree costs.
@@ -383,4 +414,17 @@ impl<'a> Extractor<'a> {
             format!("{}({})", name(c, i), args.join(", "))
         }
     }
+}
+
+/// Whether `a` and `b` list the same dims once size-1 dims are dropped (a reshape between
+/// them only adds or removes unit dims, so it stays a view even of a broadcast).
+fn same_but_unit_dims(a: &TensorType, b: &TensorType) -> bool {
+    let non_unit = |t: &TensorType| -> Vec<Dim> {
+        t.shape
+            .iter()
+            .filter(|d| d.as_const() != Some(1))
+            .cloned()
+            .collect()
+    };
+    non_unit(a) == non_unit(b)
 }

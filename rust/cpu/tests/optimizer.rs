@@ -316,13 +316,59 @@ fn attention(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
     (g, Weights::new(), inputs)
 }
 
+/// Grouped-query attention as the frontends translate it: each of 2 KV heads repeated for 3
+/// query heads by `reshape(expand(reshape(kv)))`. A decode-like step (one query row, no mask:
+/// the stacked-rows rewrite), a causal prefill-like one and a masked one (batch regrouping).
+fn grouped_query_attention(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
+    let mut g = Graph::new();
+    let repeat = |g: &mut Graph, x: ValueId, s: usize| -> ValueId {
+        let dims = |d: &[usize]| d.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
+        let shape = dims(&[1, 2, 1, s, 8]);
+        let x5 = g.add(Op::Reshape { shape }, &[x], "unsqueeze").unwrap();
+        let wide = expand(g, x5, &[1, 2, 3, s, 8]);
+        let shape = dims(&[1, 6, s, 8]);
+        g.add(Op::Reshape { shape }, &[wide], "repeat_kv").unwrap()
+    };
+    let q1 = input(&mut g, 0, DType::F32, &[1, 6, 1, 8]);
+    let k = input(&mut g, 1, DType::F32, &[1, 2, 9, 8]);
+    let v = input(&mut g, 2, DType::F32, &[1, 2, 9, 8]);
+    let q = input(&mut g, 3, DType::F32, &[1, 6, 9, 8]);
+    let m = input(&mut g, 4, DType::Bool, &[1, 6, 9, 9]);
+    let (kr, vr) = (repeat(&mut g, k, 9), repeat(&mut g, v, 9));
+    let attention = |g: &mut Graph, causal: bool, ins: &[ValueId]| {
+        let op = Op::Attention {
+            scale: 0.4,
+            causal,
+            has_mask: ins.len() == 4,
+        };
+        g.add(op, ins, "attention").unwrap()
+    };
+    let decode = attention(&mut g, false, &[q1, kr, vr]);
+    let prefill = attention(&mut g, true, &[q, kr, vr]);
+    let masked = attention(&mut g, false, &[q, kr, vr, m]);
+    g.outputs.extend([decode, prefill, masked]);
+    let mut mask = random(rng, DType::Bool, &[1, 6, 9, 9], 0.0, 1.0).to_i64_vec();
+    for row in mask.chunks_mut(9) {
+        row[3] = 1;
+    }
+    let inputs = vec![
+        random(rng, DType::F32, &[1, 6, 1, 8], -2.0, 2.0),
+        random(rng, DType::F32, &[1, 2, 9, 8], -2.0, 2.0),
+        random(rng, DType::F32, &[1, 2, 9, 8], -2.0, 2.0),
+        random(rng, DType::F32, &[1, 6, 9, 8], -2.0, 2.0),
+        Value::from_i64(DType::Bool, vec![1, 6, 9, 9], mask),
+    ];
+    (g, Weights::new(), inputs)
+}
+
 type Case = fn(&mut Rng) -> (Graph, Weights, Vec<Value>);
-const CASES: [(&str, Case); 5] = [
+const CASES: [(&str, Case); 6] = [
     ("mlp", mlp),
     ("norms", norms),
     ("identities", identities),
     ("more_identities", more_identities),
     ("attention", attention),
+    ("grouped_query_attention", grouped_query_attention),
 ];
 
 /// Every candidate of every case matches the interpreter on the input program.
@@ -368,7 +414,7 @@ fn every_candidate_matches_the_reference() {
 #[test]
 fn rule_families_fire() {
     let backend = CpuBackend::new(1);
-    let expect: [(&str, &[&str]); 4] = [
+    let expect: [(&str, &[&str]); 5] = [
         (
             "mlp",
             &[
@@ -400,6 +446,13 @@ fn rule_families_fire() {
             ],
         ),
         ("attention", &["fuse/attention-decompose"]),
+        (
+            "grouped_query_attention",
+            &[
+                "layout/attention-of-regrouped-kv",
+                "layout/attention-stacked-query-rows",
+            ],
+        ),
     ];
     let listed = CASES.iter().filter(|(name, _)| *name != "more_identities");
     for ((name, case), (ename, rules)) in listed.zip(expect) {
@@ -414,6 +467,46 @@ fn rule_families_fire() {
             );
         }
     }
+}
+
+/// The cost model's default program for grouped-query attention never copies a repeated KV
+/// head: the one-row attention reads the un-repeated k and v (query heads stacked as rows),
+/// and the others read the broadcast itself (a view), not a reshape of it.
+#[test]
+fn grouped_query_attention_reads_kv_without_copies_by_default() {
+    let backend = CpuBackend::new(1);
+    let (g, _, _) = grouped_query_attention(&mut Rng::new(1));
+    let (data, _) = saturate(&g, &backend.lowering_rules(), &Budget::default()).unwrap();
+    let ex = Extractor::new(
+        &data,
+        &g,
+        &DefaultCost {
+            sizes: Default::default(),
+        },
+    );
+    let default = &candidates(&ex, &g, 1)[0].graph;
+    let mut stacked = 0;
+    for n in &default.nodes {
+        if let Op::Attention { .. } = n.op {
+            let k = &default.nodes[n.inputs[1]];
+            let copies = matches!(k.op, Op::Reshape { .. })
+                && matches!(default.nodes[k.inputs[0]].op, Op::Expand { .. });
+            assert!(!copies, "attention reads a reshaped broadcast:\n{default}");
+            let k_elems: usize =
+                k.ty.shape
+                    .iter()
+                    .map(|d| d.as_const().unwrap() as usize)
+                    .product();
+            if k_elems == 2 * 9 * 8 {
+                stacked += 1;
+                assert_eq!(n.ty.shape[3], Dim::from(3usize), "{default}");
+            }
+        }
+    }
+    assert_eq!(
+        stacked, 1,
+        "the one-row attention stacks its query heads:\n{default}"
+    );
 }
 
 /// A rule's family: its name without the instance it was generated for (`#k`, dtypes,

@@ -301,6 +301,171 @@ fn layout(graph: &Graph, vocab: &mut Vocabulary, w: &mut RuleWriter) {
          (HasShape x s) (HasShape y s)",
         "(union e (Op1 k (Op2 b x y d r) d r))",
     );
+    let mut done = BTreeSet::new();
+    for n in &graph.nodes {
+        if let Op::Attention {
+            causal, has_mask, ..
+        } = n.op
+        {
+            let key = format!("{:?}", (&n.op, &n.inputs));
+            if done.insert(key) {
+                attention_batch_rules(graph, vocab, w, n, causal, has_mask);
+            }
+        }
+    }
+}
+
+/// Batch dims of `reshaped` that a reshape regroups from `source`, when the reshape keeps the
+/// trailing two (matrix) dims and the batch dims of both sides are constants with the same
+/// product.
+fn batch_regrouping(source: &TensorType, reshaped: &TensorType) -> Option<Vec<Dim>> {
+    let (rs, rr) = (source.rank(), reshaped.rank());
+    if rs < 2 || rr < 2 || source.shape[rs - 2..] != reshaped.shape[rr - 2..] {
+        return None;
+    }
+    let product =
+        |dims: &[Dim]| -> Option<i64> { dims.iter().map(Dim::as_const).product::<Option<i64>>() };
+    let (bs, br) = (&source.shape[..rs - 2], &reshaped.shape[..rr - 2]);
+    (product(bs)? == product(br)?).then(|| bs.to_vec())
+}
+
+/// Attention whose k and v are reshapes that regroup batch dims (grouped-query attention
+/// repeats each KV head as `reshape(expand(reshape(k)))`, and the last reshape copies the
+/// broadcast) reads k and v before the reshape instead: q and the mask are regrouped to
+/// their batch dims and the output regrouped back, so the broadcast stays a view. When the
+/// repeat is a broadcast of the last batch dim, with no mask and no causal mask (each query
+/// row independent), the repeated heads' queries are stacked as rows of one attention over
+/// the un-repeated k and v: each KV head is read once for all its query heads.
+fn attention_batch_rules(
+    graph: &Graph,
+    vocab: &mut Vocabulary,
+    w: &mut RuleWriter,
+    n: &crate::ir::Node,
+    causal: bool,
+    has_mask: bool,
+) {
+    let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+    let (Op::Reshape { .. }, Op::Reshape { .. }) = (&graph.nodes[k].op, &graph.nodes[v].op) else {
+        return;
+    };
+    let (xk, xv) = (graph.nodes[k].inputs[0], graph.nodes[v].inputs[0]);
+    let (qt, xkt, xvt) = (graph.ty(q), graph.ty(xk), graph.ty(xv));
+    let (Some(batch), Some(batch_v)) = (
+        batch_regrouping(xkt, graph.ty(k)),
+        batch_regrouping(xvt, graph.ty(v)),
+    ) else {
+        return;
+    };
+    let rq = qt.rank();
+    let product = |dims: &[Dim]| dims.iter().map(Dim::as_const).product::<Option<i64>>();
+    let (Some(qb), Some(kb)) = (product(&qt.shape[..rq - 2]), product(&batch)) else {
+        return;
+    };
+    if batch != batch_v || qb != kb || batch.len() + 2 == rq {
+        return;
+    }
+    let rx = batch.len() + 2;
+    let (d, r, rxl) = (dtype_lit(qt.dtype), rq.to_string(), rx.to_string());
+    let att = lit(&vocab.op(&n.op));
+    let (rsk, rsv) = (
+        lit(&vocab.op(&graph.nodes[k].op)),
+        lit(&vocab.op(&graph.nodes[v].op)),
+    );
+    let regroup = |vocab: &mut Vocabulary, t: &TensorType, batch: &[Dim], x: &str| {
+        let mut shape = batch.to_vec();
+        shape.extend(t.shape[t.rank() - 2..].iter().cloned());
+        let key = lit(&vocab.op(&Op::Reshape { shape }));
+        format!("(Op1 {key} {x} {} {rx})", dtype_lit(t.dtype))
+    };
+    let out_ty = &n.ty;
+    let back = lit(&vocab.op(&Op::Reshape {
+        shape: out_ty.shape.clone(),
+    }));
+    let shape_of = |t: &TensorType| lit(&format_shape(&t.shape));
+    let mut guard = format!(
+        "(HasShape q {}) (HasShape xk {}) (HasShape xv {})",
+        shape_of(qt),
+        shape_of(xkt),
+        shape_of(xvt)
+    );
+    let mut pattern_args = vec![
+        "q".to_string(),
+        format!("(Op1 {rsk} xk {d} {r})"),
+        format!("(Op1 {rsv} xv {d} {r})"),
+    ];
+    let mut args = vec![
+        regroup(vocab, qt, &batch, "q"),
+        "xk".to_string(),
+        "xv".to_string(),
+    ];
+    if has_mask {
+        let mt = graph.ty(n.inputs[3]);
+        pattern_args.push("m".into());
+        let _ = write!(guard, " (HasShape m {})", shape_of(mt));
+        args.push(regroup(vocab, mt, &batch, "m"));
+    }
+    let name = format_shape(&qt.shape);
+    w.rule(
+        "layout",
+        &format!("attention-of-regrouped-kv-{name}"),
+        &format!("(= e {}) {guard}", term(&att, &pattern_args, &d, &r)),
+        &format!(
+            "(union e (Op1 {back} {} {d} {r}))",
+            term(&att, &args, &d, &rxl)
+        ),
+    );
+
+    // Stacked query rows: k and v broadcast from size 1 on their last batch dim.
+    let (Op::Expand { .. }, Op::Expand { .. }) = (&graph.nodes[xk].op, &graph.nodes[xv].op) else {
+        return;
+    };
+    let (k1, v1) = (graph.nodes[xk].inputs[0], graph.nodes[xv].inputs[0]);
+    let (k1t, v1t) = (graph.ty(k1), graph.ty(v1));
+    let last = rx - 3;
+    let repeats_last_batch_dim = |t: &TensorType, x: &TensorType| {
+        t.shape[last].as_const() == Some(1)
+            && (0..rx).all(|i| i == last || t.shape[i] == x.shape[i])
+    };
+    let l = &qt.shape[rq - 2];
+    let (Some(reps), Some(l)) = (batch[last].as_const(), l.as_const()) else {
+        return;
+    };
+    if causal || has_mask || !repeats_last_batch_dim(k1t, xkt) || !repeats_last_batch_dim(v1t, xvt)
+    {
+        return;
+    }
+    let (exk, exv) = (
+        lit(&vocab.op(&graph.nodes[xk].op)),
+        lit(&vocab.op(&graph.nodes[xv].op)),
+    );
+    let mut stacked = k1t.shape[..rx - 2].to_vec();
+    stacked.push(Dim::from(reps * l));
+    stacked.push(qt.shape[rq - 1].clone());
+    let stack_q = lit(&vocab.op(&Op::Reshape { shape: stacked }));
+    w.rule(
+        "layout",
+        &format!("attention-stacked-query-rows-{name}"),
+        &format!(
+            "(= e {}) (= xk (Op1 {exk} k1 {d} {rxl})) (= xv (Op1 {exv} v1 {d} {rxl})) {guard} \
+             (HasShape k1 {}) (HasShape v1 {})",
+            term(&att, &pattern_args, &d, &r),
+            shape_of(k1t),
+            shape_of(v1t)
+        ),
+        &format!(
+            "(union e (Op1 {back} {} {d} {r}))",
+            term(
+                &att,
+                &[
+                    format!("(Op1 {stack_q} q {d} {rxl})"),
+                    "k1".into(),
+                    "v1".into()
+                ],
+                &d,
+                &rxl
+            )
+        ),
+    );
 }
 
 /// `permute(permute(x, p), q) == permute(x, compose(p, q))`.
