@@ -44,15 +44,20 @@ def _eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> 
     return Prepared(lambda: model(*inputs))
 
 
-def _ember(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
-    import ember
+def _ember_with(**search: Any) -> Callable[[nn.Module, tuple[torch.Tensor, ...], int], Prepared]:
+    """Ember with the given optimizer options (none: the defaults users get)."""
 
-    if isinstance(model, GenerationLoop):
-        options = {"num_threads": threads, "quiet": True}
-        loop = model.with_forward(lambda f: torch.compile(f, backend="ember", options=options))
-        return Prepared(lambda: loop(*inputs), note='torch.compile(forward, backend="ember")')
-    compiled = ember.compile(model, *inputs, num_threads=threads)
-    return Prepared(lambda: compiled(*inputs))
+    def prepare(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
+        import ember
+
+        options = {"num_threads": threads, "quiet": True, **search}
+        if isinstance(model, GenerationLoop):
+            loop = model.with_forward(lambda f: torch.compile(f, backend="ember", options=options))
+            return Prepared(lambda: loop(*inputs), note='torch.compile(forward, backend="ember")')
+        compiled = ember.compile(model, *inputs, **options)
+        return Prepared(lambda: compiled(*inputs))
+
+    return prepare
 
 
 def _inductor(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int) -> Prepared:
@@ -118,17 +123,28 @@ def _ember_onnx(model: nn.Module, inputs: tuple[torch.Tensor, ...], threads: int
 
 
 EAGER = Backend("eager", _eager, runs_generation=True)
-EMBER = Backend("Ember", _ember, runs_generation=True)
+EMBER = Backend("Ember", _ember_with(), runs_generation=True)
+# The optimizer's share: the program as translated (no e-graph, no search), and the
+# e-graph's cost-model choice without measured search (no cache, so it is really chosen).
+EMBER_UNOPTIMIZED = Backend(
+    "Ember (unoptimized)", _ember_with(search_iterations=0), runs_generation=True
+)
+EMBER_COST_MODEL = Backend(
+    "Ember (cost model)", _ember_with(search_iterations=1, cache=False), runs_generation=True
+)
 INDUCTOR = Backend("Inductor", _inductor, runs_generation=True)
 ORT = Backend("ORT", _onnxruntime)
 EMBER_ONNX = Backend("Ember (ONNX file)", _ember_onnx)
 
 
-def backends(inductor: bool = True) -> Sequence[Backend]:
+def backends(inductor: bool = True, optimizer: bool = True) -> Sequence[Backend]:
     """The backends in report order; eager comes first (it is the reference)."""
-    if inductor:
-        return (EAGER, EMBER, INDUCTOR, ORT, EMBER_ONNX)
-    return (EAGER, EMBER, ORT, EMBER_ONNX)
+    chosen = [EAGER, EMBER, INDUCTOR, ORT, EMBER_ONNX]
+    if not inductor:
+        chosen.remove(INDUCTOR)
+    if optimizer:
+        chosen += [EMBER_UNOPTIMIZED, EMBER_COST_MODEL]
+    return tuple(chosen)
 
 
 def first_line(text: str, limit: int = 240) -> str:

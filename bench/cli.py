@@ -59,6 +59,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (smoke test)")
     parser.add_argument("--no-inductor", action="store_true", help="skip TorchInductor")
     parser.add_argument(
+        "--no-optimizer",
+        action="store_true",
+        help="skip the optimizer comparison (Ember unoptimized and cost-model-only)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="Markdown report (default: bench/RESULTS.md)"
     )
     return parser.parse_args(argv)
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = dataclasses.replace(
         settings, threads=args.threads, rounds=args.rounds or settings.rounds
     )
-    chosen = backends.backends(inductor=not args.no_inductor)
+    chosen = backends.backends(inductor=not args.no_inductor, optimizer=not args.no_optimizer)
     command = shlex.join(["python3", "-m", "bench", *argv])
 
     load_before = report.machine_load()

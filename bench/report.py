@@ -97,7 +97,9 @@ def method_lines(settings: Settings) -> list[str]:
         "CPUExecutionProvider, the model exported by `torch.onnx.export(..., dynamo=True)` or "
         "the legacy exporter if that fails; inputs prepared once as NumPy arrays); "
         "**Ember (ONNX file)** (`ember.compile_onnx` on that same exported file, NumPy in "
-        "and out).",
+        "and out); **Ember (unoptimized)** (`search_iterations=0`: the program as translated, "
+        "no e-graph); **Ember (cost model)** (`search_iterations=1, cache=False`: the "
+        "e-graph's cost-model choice, verified but not searched).",
         "* *vs eager* = eager median / backend median (> 1: faster than eager); "
         "*vs ORT* = backend median / ORT median (< 1: faster than ORT).",
         "* *Rounds* is the spread of the per-round medians (min–max); *setup* is "
@@ -138,6 +140,37 @@ def table_lines(case_result: CaseResult) -> list[str]:
         ]
         notes.append(f"* Tokens/s (new tokens per second of the median call): {', '.join(rates)}")
     return lines + ([""] + notes if notes else [])
+
+
+def optimizer_lines(results: Sequence[CaseResult]) -> list[str]:
+    """What the optimizer gains per model: medians of the translated program, the
+    cost-model choice and the searched choice, from the tables above (same run)."""
+    names = ("Ember (unoptimized)", "Ember (cost model)", "Ember")
+    rows = []
+    for case_result in results:
+        medians = []
+        for name in names:
+            r = case_result.get(name)
+            medians.append(r.median_ms if r and r.valid and r.median_ms else None)
+        if medians[0] is None:
+            continue
+        cells = [f"{m:.3f}" if m else "—" for m in medians]
+        gains = [_ratio(medians[0], medians[1]), _ratio(medians[0], medians[2])]
+        rows.append(f"| {case_result.case.title} | {' | '.join(cells)} | {' | '.join(gains)} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "### Optimizer",
+        "",
+        "Median ms of the same model without the optimizer, with the e-graph's cost-model "
+        "choice only, and with measured search (Ember's default); *gain* = unoptimized median "
+        "/ median (> 1: the optimizer made it faster).",
+        "",
+        "| Model | Unoptimized | Cost model | Searched | Cost-model gain | Search gain |",
+        "|---|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def _row(r: Result, eager_ms: float | None, ort_ms: float | None) -> str:
@@ -211,6 +244,7 @@ def render(
     for case_result in results:
         case = case_result.case
         lines += ["", f"### {case.title}", "", case.description, "", *table_lines(case_result)]
+    lines += optimizer_lines(results)
     lines += ["", NOTES_MARKER, ""]
     body = "\n".join(lines) + "\n"
     return body + (notes if notes is not None else DEFAULT_NOTES)
