@@ -23,6 +23,20 @@ def test_batch_size_changes_compile_one_symbolic_program():
     assert programs_compiled() - before == 2
 
 
+def test_sizes_that_shrink_and_grow_again_reuse_buffers_correctly():
+    # The CPU runtime keeps each call's intermediate buffers for the next call; buffers of a
+    # larger earlier call must not leak stale values into a smaller one, and back.
+    def f(x):
+        h = torch.cat([x, x * 2.0], dim=1).softmax(dim=1)
+        return torch.nn.functional.layer_norm(h + 1.0, (h.shape[-1],)) + x.sum(1, keepdim=True)
+
+    compiled = torch.compile(f, backend="ember", options={"fallback": "error"})
+    with torch.no_grad():
+        for rows in (3, 40, 5, 40, 64, 2, 64, 2):
+            x = rand(rows, 24)
+            torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-4)
+
+
 def test_decode_loop_with_growing_kv_cache_does_not_recompile_per_token():
     step = LlamaDecodeStep(Llama(SMALL)).eval()
     compiled = torch.compile(step, backend="ember", options={"fallback": "error"})

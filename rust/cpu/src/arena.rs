@@ -1,7 +1,9 @@
-//! Per-call buffer reuse: buffers freed after their last use go to a free list keyed by size,
-//! and the kernels that overwrite every element of their output (fused elementwise, `dot`)
-//! take their output from it instead of allocating. One arena per call, so concurrent calls
-//! share nothing.
+//! Buffer reuse: buffers freed after their last use go to a free list keyed by size, and the
+//! kernels that overwrite every element of their output (fused elementwise, `dot`) take
+//! their output from it instead of allocating. An arena serves one call at a time (concurrent
+//! calls take different arenas) and is kept for the next call, so a model called repeatedly
+//! stops allocating, zeroing and page-faulting its intermediates; `end_call` drops buffers
+//! the last call did not use, so changing shapes do not pile up memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use crate::error::{CpuError, KResult};
 
 #[derive(Default)]
 pub struct Arena {
-    /// Free buffers by length in 8-byte words.
-    free: BTreeMap<usize, Vec<Vec<u64>>>,
+    /// Free buffers by length in 8-byte words, each with the call that last gave it back.
+    free: BTreeMap<usize, Vec<(Vec<u64>, u64)>>,
+    /// Calls served so far.
+    call: u64,
 }
 
 impl Arena {
@@ -33,7 +37,7 @@ impl Arena {
                 let v = list.pop();
                 (k, v, list.is_empty())
             });
-        if let Some((k, Some(v), empty)) = hit {
+        if let Some((k, Some((v, _)), empty)) = hit {
             if empty {
                 self.free.remove(&k);
             }
@@ -46,9 +50,23 @@ impl Arena {
     pub fn give(&mut self, val: Val) {
         if let Ok(Storage::Owned { data, .. }) = Arc::try_unwrap(val.storage) {
             if !data.is_empty() {
-                self.free.entry(data.len()).or_default().push(data);
+                self.free
+                    .entry(data.len())
+                    .or_default()
+                    .push((data, self.call));
             }
         }
+    }
+
+    /// Ends a call: frees the buffers this call did not give back (left from calls with
+    /// other shapes), keeping the ones the next call of the same shapes will take again.
+    pub fn end_call(&mut self) {
+        let call = self.call;
+        self.free.retain(|_, list| {
+            list.retain(|(_, c)| *c == call);
+            !list.is_empty()
+        });
+        self.call += 1;
     }
 
     /// Somewhere to write a contiguous result of `dtype` and `shape`: the caller's output

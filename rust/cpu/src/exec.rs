@@ -113,6 +113,7 @@ pub fn execute(
     inputs: Vec<Val>,
     outputs: &[TensorOut],
     threads: usize,
+    arena: &mut Arena,
 ) -> Result<Vec<Val>> {
     let g = &prog.graph;
     let mut vals: Vec<Option<Val>> = vec![None; g.nodes.len()];
@@ -122,7 +123,6 @@ pub fn execute(
     for (out, &o) in outputs.iter().zip(&g.outputs).rev() {
         direct[o] = Some(out.ptr);
     }
-    let mut arena = Arena::default();
     for (id, node) in g.nodes.iter().enumerate() {
         let val = match (prog.fusion.role[id], &node.op) {
             (Role::Member(_), _) => continue,
@@ -130,10 +130,20 @@ pub fn execute(
                 .get_mut(*index)
                 .and_then(Option::take)
                 .ok_or_else(|| Error::Input(format!("input {index} is missing or used twice")))?,
-            (Role::Root(k), _) => run_group(prog, plan, k, &vals, direct[id], &mut arena, threads)
+            (Role::Root(k), _) => run_group(prog, plan, k, &vals, direct[id], arena, threads)
                 .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
             (Role::Plain, Op::Dot) if dot_in_place(node.ty.dtype) => {
-                run_dot(prog, plan, id, node, &vals, direct[id], &mut arena, threads)
+                run_dot(prog, plan, id, node, &vals, direct[id], arena, threads)
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
+            (Role::Plain, Op::Concat { axis }) => {
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                node.inputs
+                    .iter()
+                    .map(|&i| value(&vals, i))
+                    .collect::<KResult<Vec<&Val>>>()
+                    .and_then(|xs| mv::concat_into(&xs, *axis, &mut dest))
+                    .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
             (Role::Plain, Op::Conv { .. }) if conv::conv_in_place(node.ty.dtype) => {

@@ -14,7 +14,7 @@ mod par;
 mod simd;
 mod strided;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ember_core::backend::{Backend, Executable, LoweringRule, Weights};
 use ember_core::dtype::DType;
@@ -32,6 +32,7 @@ pub mod internals {
     pub use crate::par::with_helpers;
 }
 
+use arena::Arena;
 use compile::Program;
 
 /// The CPU backend. `num_threads` sizes its thread pool (0: one per core).
@@ -94,6 +95,7 @@ impl Backend for CpuBackend {
             program: Program::new(graph, weights, self.fuse)?,
             pool: self.pool.clone(),
             threads: self.num_threads,
+            arenas: Mutex::new(Vec::new()),
         }))
     }
 
@@ -124,11 +126,13 @@ impl Backend for CpuBackend {
     }
 }
 
-/// A compiled program. Buffers are per call, so calls may run concurrently.
+/// A compiled program. Each running call takes an arena of its own (kept for later calls),
+/// so calls may run concurrently.
 pub struct CpuExecutable {
     program: Program,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+    arenas: Mutex<Vec<Arena>>,
 }
 
 impl Executable for CpuExecutable {
@@ -169,17 +173,28 @@ impl Executable for CpuExecutable {
                 )));
             }
         }
-        let work = || {
-            let results = exec::execute(&self.program, &plan, vals, outputs, self.threads)?;
+        let lock = || self.arenas.lock().unwrap_or_else(|p| p.into_inner());
+        let mut arena = lock().pop().unwrap_or_default();
+        let arena_ref = &mut arena;
+        let mode = plan.mode;
+        let work = move || {
+            let results =
+                exec::execute(&self.program, &plan, vals, outputs, self.threads, arena_ref)?;
             for (k, (val, out)) in results.iter().zip(outputs).enumerate() {
                 // SAFETY: run's contract makes every output writable and unaliased.
                 unsafe { exec::write_output(val, out, k)? };
             }
+            for val in results {
+                arena_ref.give(val);
+            }
             Ok(())
         };
-        match plan.mode {
+        let result = match mode {
             compile::Mode::Caller => par::with_helpers(&self.pool, self.threads, work),
             compile::Mode::Pool => self.pool.install(work),
-        }
+        };
+        arena.end_call();
+        lock().push(arena);
+        result
     }
 }

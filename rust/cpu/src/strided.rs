@@ -209,6 +209,12 @@ pub fn copy_into<T: Copy>(src: &View<T>, dst: &mut [T], dst_offset: usize, dst_s
     for_runs(&shape, &st, 0, n, |_, [os, od], len| {
         let ss = st[0].last().copied().unwrap_or(1);
         let sd = st[1].last().copied().unwrap_or(1);
+        if ss == 1 && sd == 1 {
+            // Contiguous on both sides (a KV cache's rows): one bounds-checked block copy.
+            let j = (dst_offset as isize + od) as usize;
+            dst[j..j + len].copy_from_slice(src.run(os, len));
+            return;
+        }
         for i in 0..len as isize {
             let j = (dst_offset as isize + od + i * sd) as usize;
             dst[j] = src.at(os + i * ss);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ember_core::dtype::{DType, Scalar};
 use ember_core::tensor::contiguous_strides;
 
+use crate::arena::Dest;
 use crate::buffer::{is_aligned, Layout, Storage, Val};
 use crate::elem::Elem;
 use crate::error::{CpuError, KResult};
@@ -234,6 +235,46 @@ pub fn pad(x: &Val, pads: &[(i64, i64)], value: Scalar, out_shape: &[usize]) -> 
 }
 
 pub fn concat(xs: &[&Val], axis: usize, out_shape: &[usize]) -> KResult<Val> {
+    let dtype = concat_check(xs, axis, out_shape)?;
+    crate::with_size!(dtype, U => Val::build::<U>(dtype, out_shape, |out| {
+        concat_fill(xs, axis, out_shape, out)
+    }))
+}
+
+/// `concat` written into `dest` (the arena's buffer or the caller's output): every element
+/// is overwritten, so the buffer needs no zeroing and a graph output needs no extra copy.
+pub fn concat_into(xs: &[&Val], axis: usize, dest: &mut Dest) -> KResult<()> {
+    let shape = dest.shape.clone();
+    let dtype = concat_check(xs, axis, &shape)?;
+    if dtype != dest.dtype {
+        return Err(CpuError::Internal(format!(
+            "concat of {dtype} into {}",
+            dest.dtype
+        )));
+    }
+    crate::with_size!(dtype, U => concat_fill(xs, axis, &shape, dest.slice::<U>()?))
+}
+
+fn concat_fill<U: Copy>(
+    xs: &[&Val],
+    axis: usize,
+    out_shape: &[usize],
+    out: &mut [U],
+) -> KResult<()> {
+    let strides: Vec<isize> = contiguous_strides(out_shape)
+        .into_iter()
+        .map(|s| s as isize)
+        .collect();
+    let mut at = 0usize;
+    for x in xs {
+        copy_into(&x.view::<U>()?, out, at * strides[axis] as usize, &strides);
+        at += x.shape()[axis];
+    }
+    Ok(())
+}
+
+/// The common dtype of a concat's inputs, after checking they fit `out_shape`.
+fn concat_check(xs: &[&Val], axis: usize, out_shape: &[usize]) -> KResult<DType> {
     let dtype = xs
         .first()
         .map(|x| x.dtype)
@@ -261,16 +302,5 @@ pub fn concat(xs: &[&Val], axis: usize, out_shape: &[usize]) -> KResult<Val> {
             out_shape[axis]
         )));
     }
-    let strides: Vec<isize> = contiguous_strides(out_shape)
-        .into_iter()
-        .map(|s| s as isize)
-        .collect();
-    crate::with_size!(dtype, U => Val::build::<U>(dtype, out_shape, |out| {
-        let mut at = 0usize;
-        for x in xs {
-            copy_into(&x.view::<U>()?, out, at * strides[axis] as usize, &strides);
-            at += x.shape()[axis];
-        }
-        Ok(())
-    }))
+    Ok(dtype)
 }
