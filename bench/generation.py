@@ -33,6 +33,13 @@ class GenerationLoop(nn.Module):
     def with_forward(self, compile_fn: Callable[[Callable[..., object]], object]) -> GenerationLoop:
         """The same loop (same weights) whose model's ``forward`` is ``compile_fn(forward)``;
         this loop keeps the eager one, so backends can take turns."""
+        # Every backend compiles the same `forward` code object, each for a few shapes;
+        # Dynamo's default limit of compiled variants per code object would make the later
+        # backends silently run eager.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        torch._dynamo.config.accumulated_cache_size_limit = max(
+            torch._dynamo.config.accumulated_cache_size_limit, 512
+        )
         model = copy.copy(self.model)  # shallow: shares modules and weights
         model.forward = compile_fn(self.model.forward)
         return GenerationLoop(model, self.tokens)

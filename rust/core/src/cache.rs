@@ -63,8 +63,8 @@ impl Cache {
         }
     }
 
-    /// The key of a compile: graph, device, Ember version and the example input shapes'
-    /// dim buckets. A static graph's text already holds its sizes; for symbolic dims the
+    /// The key of a compile: graph, device, Ember version and build (`build.rs`), and the
+    /// example input shapes' dim buckets. A static graph's text already holds its sizes; for symbolic dims the
     /// choice measured at one size stands for its bucket (sizes up to the same power of two).
     pub fn key(graph: &Graph, device: &str, input_shapes: Option<&[Vec<usize>]>) -> String {
         let buckets: Option<Vec<Vec<usize>>> = input_shapes.map(|shapes| {
@@ -73,9 +73,12 @@ impl Cache {
                 .map(|s| s.iter().map(|&d| d.next_power_of_two()).collect())
                 .collect()
         });
+        // The build identity (see build.rs) as well as the version: choices measured on
+        // other kernels are not reused.
         let text = format!(
-            "{graph}\n{device}\n{}\n{buckets:?}",
-            env!("CARGO_PKG_VERSION")
+            "{graph}\n{device}\n{} {}\n{buckets:?}",
+            env!("CARGO_PKG_VERSION"),
+            env!("EMBER_BUILD_ID")
         );
         format!("{:016x}", stable_hash(&text))
     }
