@@ -398,6 +398,11 @@ impl<'a> Extractor<'a> {
 
     /// A readable form of e-node `i` of class `c`: its op applied to the default ops of
     /// its operands (`dot(reshape, permute@cpu.packed)`).
+    /// The op e-node `i` of class `c` computes (None: unknown key).
+    pub fn op(&self, c: ClassId, i: usize) -> Option<&Op> {
+        self.ops.get(c)?.get(i)?.as_ref()
+    }
+
     pub fn describe(&self, c: ClassId, i: usize) -> String {
         let name = |c: ClassId, i: usize| match &self.ops[c][i] {
             Some(op) => op.name(),

@@ -325,16 +325,27 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
         }
     };
     push(Genome::new(), &mut out);
-    let mut singles: Vec<(f64, usize, usize)> = Vec::new();
+    let mut singles: Vec<(bool, f64, usize, usize)> = Vec::new();
+    let is_view =
+        |c: usize, i: Option<usize>| i.and_then(|i| ex.op(c, i)).is_some_and(|op| op.is_view());
     for c in ex.default_classes() {
         for (i, cost) in ex.alternatives(c) {
-            // Rank by how much dearer the alternative is than the class's default.
+            // One view chain for another (`reshape(reshape(x))` for `reshape(x)`) runs the
+            // same on every backend: such swaps come last, after the choices a measurement
+            // can tell apart. Then rank by how much dearer the alternative is than the
+            // class's default.
+            let view_swap = is_view(c, Some(i)) && is_view(c, ex.best[c]);
             let ratio = cost / ex.cost[c].max(1e-9);
-            singles.push((ratio, c, i));
+            singles.push((view_swap, ratio, c, i));
         }
     }
-    singles.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    for (_, c, i) in singles {
+    singles.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    for (_, _, c, i) in singles {
         if out.len() >= limit.max(1) * 4 {
             break;
         }

@@ -59,13 +59,18 @@ map_n!(map1, map1_base, map1_avx2, x: A);
 map_n!(map2, map2_base, map2_avx2, x: A, y: B);
 map_n!(map3, map3_base, map3_avx2, x: A, y: B, z: C);
 
+/// Whether wide SIMD code may be used: false when `EMBER_CPU_SIMD=0` (read once). Every
+/// run-time dispatch (these loops, `sgemm`) asks here, so one switch turns them all off.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub fn requested() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("EMBER_CPU_SIMD").map_or(true, |v| v.trim() != "0"))
+}
+
 #[cfg(target_arch = "x86_64")]
 fn avx2_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let wanted = std::env::var("EMBER_CPU_SIMD").map_or(true, |v| v.trim() != "0");
-        wanted && std::arch::is_x86_feature_detected!("avx2")
-    })
+    *ON.get_or_init(|| requested() && std::arch::is_x86_feature_detected!("avx2"))
 }
 
 #[cfg(target_arch = "x86_64")]

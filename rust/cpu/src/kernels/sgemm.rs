@@ -42,8 +42,7 @@ pub fn available() -> bool {
         use std::sync::OnceLock;
         static ON: OnceLock<bool> = OnceLock::new();
         *ON.get_or_init(|| {
-            let wanted = std::env::var("EMBER_CPU_SIMD").map_or(true, |v| v.trim() != "0");
-            wanted
+            crate::simd::requested()
                 && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
         })
