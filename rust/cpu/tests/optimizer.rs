@@ -346,7 +346,15 @@ fn grouped_query_attention(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
     let decode = attention(&mut g, false, &[q1, kr, vr]);
     let prefill = attention(&mut g, true, &[q, kr, vr]);
     let masked = attention(&mut g, false, &[q, kr, vr, m]);
-    g.outputs.extend([decode, prefill, masked]);
+    // k and v broadcast from one row, then given a batch dim: regrouped into no batch dims
+    // at all (rank-2 attention), with nothing that could be stacked.
+    let q0 = input(&mut g, 5, DType::F32, &[1, 2, 8]);
+    let row = input(&mut g, 6, DType::F32, &[1, 8]);
+    let rows = expand(&mut g, row, &[9, 8]);
+    let shape = [1usize, 9, 8].iter().map(|&d| Dim::from(d)).collect();
+    let kv0 = g.add(Op::Reshape { shape }, &[rows], "batch").unwrap();
+    let flat = attention(&mut g, false, &[q0, kv0, kv0]);
+    g.outputs.extend([decode, prefill, masked, flat]);
     let mut mask = random(rng, DType::Bool, &[1, 6, 9, 9], 0.0, 1.0).to_i64_vec();
     for row in mask.chunks_mut(9) {
         row[3] = 1;
@@ -357,6 +365,8 @@ fn grouped_query_attention(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
         random(rng, DType::F32, &[1, 2, 9, 8], -2.0, 2.0),
         random(rng, DType::F32, &[1, 6, 9, 8], -2.0, 2.0),
         Value::from_i64(DType::Bool, vec![1, 6, 9, 9], mask),
+        random(rng, DType::F32, &[1, 2, 8], -2.0, 2.0),
+        random(rng, DType::F32, &[1, 8], -2.0, 2.0),
     ];
     (g, Weights::new(), inputs)
 }

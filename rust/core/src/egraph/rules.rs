@@ -421,7 +421,9 @@ fn attention_batch_rules(
     };
     let (k1, v1) = (graph.nodes[xk].inputs[0], graph.nodes[xv].inputs[0]);
     let (k1t, v1t) = (graph.ty(k1), graph.ty(v1));
-    let last = rx - 3;
+    let Some(last) = batch.len().checked_sub(1) else {
+        return; // no batch dim that could have been repeated
+    };
     let repeats_last_batch_dim = |t: &TensorType, x: &TensorType| {
         t.shape[last].as_const() == Some(1)
             && (0..rx).all(|i| i == last || t.shape[i] == x.shape[i])
