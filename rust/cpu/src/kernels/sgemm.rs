@@ -34,6 +34,11 @@ const MC: usize = 96;
 /// Multiply-adds below which a product runs on one thread: waking a helper costs ≈ 10–20 µs
 /// on our VMs, about 1M multiply-adds.
 const PAR_MIN_WORK: usize = 1 << 21;
+/// Right-operand elements from which even a product of one row runs on every thread: a
+/// matrix-vector product (one-token decode) is bound by streaming its weight from L3, which
+/// two cores do nearly twice as fast, and 128 KiB takes longer than a pool thread takes to
+/// join. Measured on the decode benchmark, alternating in one process: 1.35 → 1.01 ms.
+const PAR_MIN_STREAM: usize = 1 << 15;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA; `EMBER_CPU_SIMD=0` turns it off).
 pub fn available() -> bool {
@@ -259,7 +264,7 @@ pub unsafe fn sgemm(
         }
         return;
     }
-    let threads = if m * n * k >= PAR_MIN_WORK {
+    let threads = if m * n * k >= PAR_MIN_WORK || n * k >= PAR_MIN_STREAM {
         threads
     } else {
         1
@@ -279,8 +284,12 @@ pub unsafe fn sgemm(
                 Ok(b) => &mut **b,
                 Err(_) => &mut fresh,
             };
-            buf.clear();
-            buf.resize(m.div_ceil(MR) * MR * k, 0.0);
+            // `pack_a` writes every element (padding rows too): grow, never re-zero.
+            let need = m.div_ceil(MR) * MR * k;
+            if buf.len() < need {
+                buf.resize(need, 0.0);
+            }
+            let buf = &mut buf[..need];
             // SAFETY: sa addresses m×k elements; c by the contract.
             unsafe {
                 pack_a(buf, m, k, sa, threads);
@@ -328,7 +337,10 @@ unsafe fn multiply(
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * MC / MR, ((rb + 1) * MC / MR).min(a_panels));
         let (q0, q1) = (g * per_group, ((g + 1) * per_group).min(b_panels));
-        let mut panel = [0.0f32; KC * NR];
+        // Written by `pack_b_panel` before each read; left uninitialized because packed
+        // weights never use it, and zeroing 16 KiB per task cost a matrix-vector product as
+        // much as reading its slice of the weight.
+        let mut panel = std::mem::MaybeUninit::<[f32; KC * NR]>::uninit();
         let mut kb = 0;
         while kb < k {
             let kc = KC.min(k - kb);
@@ -338,8 +350,8 @@ unsafe fn multiply(
                     Panels::Packed(pb) => pb[q * NR * k + kb * NR..].as_ptr(),
                     Panels::Strided(s) => {
                         // SAFETY: s addresses k×n elements; the buffer holds KC·NR floats.
-                        unsafe { pack_b_panel(panel.as_mut_ptr(), s, kb, kc, q * NR, n) };
-                        panel.as_ptr()
+                        unsafe { pack_b_panel(panel.as_mut_ptr().cast(), s, kb, kc, q * NR, n) };
+                        panel.as_ptr().cast()
                     }
                 };
                 for p in p0..p1 {
@@ -532,6 +544,11 @@ mod tests {
             (13, 16, 257),
             (100, 40, 600),
             (6, 512, 64),
+            // Matrix-vector products past PAR_MIN_STREAM: split over threads; the second
+            // reuses a larger scratch that is not re-zeroed.
+            (1, 135, 300),
+            (2, 700, 260),
+            (1, 45, 70),
         ] {
             let (a, b) = (data(m * k, 1), data(k * n, 2));
             let want = reference(m, n, k, &a, &b);
