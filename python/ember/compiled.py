@@ -125,6 +125,12 @@ def _with_progress(work: Callable[[], _T], budget_s: float, quiet: bool) -> _T:
         watcher.join()
 
 
+def _empty(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """`torch.empty(shape, dtype=dtype)`: sizes unpacked, which torch parses ~2× faster than a
+    list (3 µs of a decode step's 9 outputs each)."""
+    return torch.empty(*shape, dtype=dtype) if shape else torch.empty((), dtype=dtype)
+
+
 class CompiledModel:
     """A model compiled by Ember. Call it like the original model."""
 
@@ -237,7 +243,7 @@ class CompiledModel:
             name = _TORCH_TO_NAME.get(t.dtype) or dtype_name(t.dtype)
             views.append((t.data_ptr(), name, t.shape, t.stride()))
         shapes = self._exe.output_shapes([v[2] for v in views])
-        outs = [torch.empty(s, dtype=d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
+        outs = [_empty(s, d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
         names = self._output_names
         self._exe.run(
             views, [(o.data_ptr(), n, s) for o, n, s in zip(outs, names, shapes, strict=True)]
