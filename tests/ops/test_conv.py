@@ -100,6 +100,18 @@ def test_max_pool(ceil_mode, backend):
     )
 
 
+def test_max_pool_nan_wins_in_every_window_it_is_in(backend):
+    # Max pooling reduces the window's input rows first and then slides along that row: a
+    # NaN in either step (first, middle or last tap) must reach every window holding it.
+    x = rand(2, 3, 9, 8)
+    x[0, 0, 0, 0] = x[0, 1, 4, 3] = x[1, 2, 8, 7] = x[1, 0, 5, 0] = float("nan")
+    check(
+        lambda x: (F.max_pool2d(x, 3, 2, 1), F.max_pool2d(x, 2, 1, dilation=2)),
+        [x],
+        backend,
+    )
+
+
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("count_include_pad", [False, True])
 def test_avg_pool(ceil_mode, count_include_pad, backend):
@@ -204,3 +216,17 @@ def test_grouped_conv_batch_and_pointwise_packed_weights(backend):
         nn.Conv2d(17, 9, (3, 5), stride=2),
     )
     check(model, [rand(3, 8, 19, 23)], backend, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_conv_im2col_written_in_gemm_panels(batch, backend):
+    # f32 convs with a packed weight write im2col straight into the GEMM's panel layout: one
+    # image gives its threads to im2col chunks (40 channels) and the product; output planes
+    # that are not a multiple of the 16-column panel (13×11, 7×6) leave a zero-padded tail,
+    # and padding, stride and dilation put zeros inside the panels.
+    model = nn.Sequential(
+        nn.Conv2d(40, 24, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(24, 20, (3, 2), stride=2, padding=(1, 2), dilation=(1, 2)),
+    )
+    check(model, [rand(batch, 40, 13, 11)], backend, **TOL)

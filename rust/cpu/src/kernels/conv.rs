@@ -11,7 +11,7 @@ use ember_core::dtype::DType;
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
-use super::sgemm::Packed;
+use super::sgemm::{self, Operand, Packed};
 use super::window::{size, three, Axis};
 use crate::arena::Dest;
 use crate::buffer::Val;
@@ -229,8 +229,14 @@ fn conv_t<T: GemmElem + Real>(
             let x0 = (b * g.c + grp * g.cg) * ip;
             let xg = &xs[x0..x0 + g.cg * ip];
             let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
+            let panels = match (packed.get(grp), T::as_f32(xg)) {
+                (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() => Some((pa, x32)),
+                _ => None,
+            };
             if !uses_gemm(&[g.o, g.cg], g.groups) {
                 direct(g, xg, wg, y);
+            } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {
+                gemm_from_panels(g, pa, x32, y32, threads);
             } else {
                 let k = g.cg * g.taps();
                 with_cols(
@@ -316,7 +322,6 @@ fn with_cols<T: Real, R>(
 /// (zero where it reads padding).
 fn im2col<T: Real>(g: &Geom, x: &[T], col: &mut [T]) {
     let (ip, op) = (g.in_plane(), g.out_plane());
-    let w = g.ax[2];
     let per_channel = g.taps() * op;
     // Chunks of whole channels, at least four each.
     let per = g.cg.div_ceil(par::threads() * 2).max(4);
@@ -325,21 +330,97 @@ fn im2col<T: Real>(g: &Geom, x: &[T], col: &mut [T]) {
             let c = start / per_channel + i;
             let xc = &x[c * ip..(c + 1) * ip];
             g.for_taps(|t, d_off, h_off, w_off| {
-                let row = &mut rows[t * op..(t + 1) * op];
-                let (lo, hi) = w.valid_outputs(w_off);
-                g.for_rows(d_off, h_off, |o, i| {
-                    let dst = &mut row[o + lo..o + hi];
-                    let start = (i as isize + w_off + (lo * w.stride) as isize) as usize;
-                    if w.stride == 1 {
-                        dst.copy_from_slice(&xc[start..start + dst.len()]);
-                    } else {
-                        for (k, d) in dst.iter_mut().enumerate() {
-                            *d = xc[start + k * w.stride];
-                        }
-                    }
-                });
+                tap_row(
+                    g,
+                    xc,
+                    (d_off, h_off, w_off),
+                    &mut rows[t * op..(t + 1) * op],
+                );
             });
         }
+    });
+}
+
+/// Writes into `row` (`out_plane`, zeroed) the value of input channel `xc` that one tap
+/// (offsets `d_off, h_off, w_off`) reads for each output.
+fn tap_row<T: Real>(
+    g: &Geom,
+    xc: &[T],
+    (d_off, h_off, w_off): (isize, isize, isize),
+    row: &mut [T],
+) {
+    let w = g.ax[2];
+    let (lo, hi) = w.valid_outputs(w_off);
+    g.for_rows(d_off, h_off, |o, i| {
+        let dst = &mut row[o + lo..o + hi];
+        let start = (i as isize + w_off + (lo * w.stride) as isize) as usize;
+        if w.stride == 1 {
+            dst.copy_from_slice(&xc[start..start + dst.len()]);
+        } else {
+            for (k, d) in dst.iter_mut().enumerate() {
+                *d = xc[start + k * w.stride];
+            }
+        }
+    });
+}
+
+thread_local! {
+    /// Per-thread buffer for im2col written in `sgemm` panel layout, reused across calls and
+    /// never zeroed (every element is written).
+    static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+struct PanelPtr(*mut f32);
+// SAFETY: shared only so that threads write different rows of one exclusively borrowed
+// panel buffer (`write_panel_row`'s contract).
+unsafe impl Sync for PanelPtr {}
+
+/// `y = w · im2col(x)` for one image and group on f32 with the weight packed: im2col is
+/// written straight into `sgemm`'s panel layout, a row (one channel's tap) at a time through
+/// an L1-sized buffer, so the column matrix is never written out and read back.
+fn gemm_from_panels(g: &Geom, pa: &Packed, x: &[f32], y: &mut [f32], threads: usize) {
+    let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
+    let k = g.cg * taps;
+    let len = sgemm::panels_len(k, op);
+    assert!(y.len() >= g.og * op, "conv destination too small");
+    let yp = y.as_mut_ptr();
+    let run = |buf: &mut Vec<f32>| {
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let base = PanelPtr(buf.as_mut_ptr());
+        let per = g.cg.div_ceil(par::threads() * 2).max(4);
+        par::for_each(g.cg.div_ceil(per), |chunk| {
+            let base = &base;
+            let mut row = vec![0.0f32; op];
+            for c in chunk * per..((chunk + 1) * per).min(g.cg) {
+                let xc = &x[c * ip..(c + 1) * ip];
+                g.for_taps(|t, d_off, h_off, w_off| {
+                    row.fill(0.0);
+                    tap_row(g, xc, (d_off, h_off, w_off), &mut row);
+                    // SAFETY: the buffer holds panels_len(k, op) floats; row c·taps + t < k
+                    // is written by this chunk alone.
+                    unsafe { sgemm::write_panel_row(base.0, k, c * taps + t, &row) };
+                });
+            }
+        });
+        // SAFETY: every panel element was written above; `pa` is og×k (packed for this
+        // conv's weight group); y holds og rows of op.
+        unsafe {
+            sgemm::sgemm(
+                (g.og, op, k),
+                Operand::Packed(pa),
+                Operand::PanelsB(&buf[..len]),
+                yp,
+                op,
+                threads,
+            )
+        };
+    };
+    PANELS.with(|p| match p.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        // Re-entered on this thread: a fresh buffer.
+        Err(_) => run(&mut Vec::new()),
     });
 }
 

@@ -52,10 +52,27 @@ pub trait GemmElem: Copy + Send + Sync + 'static {
     ) -> bool {
         false
     }
+
+    /// The same memory as f32s, for kernels with an f32-only fast path.
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+
+    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 impl GemmElem for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
+    }
 
     unsafe fn own_gemm(
         dst: &mut [f32],

@@ -94,7 +94,7 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
 /// One plane, an output row (fixed od, oh) at a time: each tap row in bounds is swept across
 /// the row's outputs, so the inner loop is a strided pass with no per-element tap search.
 /// Per output, values combine in the same (tap) order as a per-element loop would, so
-/// averages round identically.
+/// averages round identically. Max pooling goes to `max_plane`.
 fn plane_rows<T: Real>(
     kind: PoolKind,
     a: &[Axis; 3],
@@ -103,12 +103,14 @@ fn plane_rows<T: Real>(
     taps: &[Vec<(usize, usize)>],
     padded: &[Vec<usize>],
 ) {
-    let max = matches!(kind, PoolKind::Max);
+    if matches!(kind, PoolKind::Max) {
+        return max_plane(a, xp, yp, taps);
+    }
     let w = a[2];
     for od in 0..a[0].out {
         for oh in 0..a[1].out {
             let row = &mut yp[(od * a[1].out + oh) * w.out..][..w.out];
-            row.fill(if max { -T::INF } else { T::ZERO });
+            row.fill(T::ZERO);
             let (ti, tj) = (taps[0][od], taps[1][oh]);
             for i in ti.0..ti.1 {
                 let id = od * a[0].stride + i * a[0].dilation - a[0].pad;
@@ -119,15 +121,7 @@ fn plane_rows<T: Real>(
                         let off = w.tap_offset(l);
                         let (lo, hi) = w.valid_outputs(off);
                         for (ow, y) in row.iter_mut().enumerate().take(hi).skip(lo) {
-                            let v = xr[((ow * w.stride) as isize + off) as usize];
-                            if max {
-                                // NaN wins, as in torch. A select, not a branch: on real
-                                // data the comparison is unpredictable.
-                                let take = (v > *y) | v.is_nan();
-                                *y = if take { v } else { *y };
-                            } else {
-                                *y = *y + v;
-                            }
+                            *y = *y + xr[((ow * w.stride) as isize + off) as usize];
                         }
                     }
                 }
@@ -148,6 +142,42 @@ fn plane_rows<T: Real>(
                     };
                     *y = T::of(y.f64() / d);
                 }
+            }
+        }
+    }
+}
+
+/// Max pooling of one plane, an output row at a time: the input rows under the window are
+/// first reduced elementwise (contiguous, so it vectorizes), then the window slides along
+/// that one row. Max is order-free, so this equals the per-tap loop; NaN wins, as in torch.
+fn max_plane<T: Real>(a: &[Axis; 3], xp: &[T], yp: &mut [T], taps: &[Vec<(usize, usize)>]) {
+    let w = a[2];
+    let mut rowmax = vec![-T::INF; w.len];
+    // A select, not a branch: on real data the comparison is unpredictable.
+    let pick = |m: T, v: T| if (v > m) | v.is_nan() { v } else { m };
+    for od in 0..a[0].out {
+        for oh in 0..a[1].out {
+            let (ti, tj) = (taps[0][od], taps[1][oh]);
+            rowmax.fill(-T::INF);
+            for i in ti.0..ti.1 {
+                let id = od * a[0].stride + i * a[0].dilation - a[0].pad;
+                for j in tj.0..tj.1 {
+                    let ih = oh * a[1].stride + j * a[1].dilation - a[1].pad;
+                    let xr = &xp[(id * a[1].len + ih) * w.len..][..w.len];
+                    for (m, &v) in rowmax.iter_mut().zip(xr) {
+                        *m = pick(*m, v);
+                    }
+                }
+            }
+            let row = &mut yp[(od * a[1].out + oh) * w.out..][..w.out];
+            for (ow, y) in row.iter_mut().enumerate() {
+                let (l0, l1) = taps[2][ow];
+                let start = ow * w.stride;
+                let mut m = -T::INF;
+                for l in l0..l1 {
+                    m = pick(m, rowmax[start + l * w.dilation - w.pad]);
+                }
+                *y = m;
             }
         }
     }

@@ -133,6 +133,40 @@ impl Packed {
 pub enum Operand<'a> {
     Strided(Strided),
     Packed(&'a Packed),
+    /// A right operand a kernel wrote straight into panel layout (`panels_len`,
+    /// `write_panel_row`): im2col, which would otherwise write a column matrix only for
+    /// `sgemm` to read it back into panels.
+    PanelsB(&'a [f32]),
+}
+
+/// Floats a `k`×`n` right operand takes in panel layout.
+pub fn panels_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * NR * k
+}
+
+/// Writes `row` (row `r` of a `k`×`row.len()` right operand) into `panels`, zero past its
+/// last column.
+///
+/// # Safety
+/// `panels` must address `panels_len(k, row.len())` writable floats and `r < k`; threads may
+/// write different rows at once.
+pub unsafe fn write_panel_row(panels: *mut f32, k: usize, r: usize, row: &[f32]) {
+    let n = row.len();
+    for q in 0..n.div_ceil(NR) {
+        let c0 = q * NR;
+        // SAFETY: panel q holds k×NR floats at q·NR·k; row r's slot is NR floats inside it.
+        unsafe {
+            let dst = panels.add(q * NR * k + r * NR);
+            if c0 + NR <= n {
+                let src = row.as_ptr().add(c0) as *const [f32; NR];
+                (dst as *mut [f32; NR]).write_unaligned(src.read_unaligned());
+            } else {
+                let live = n - c0;
+                std::ptr::copy_nonoverlapping(row.as_ptr().add(c0), dst, live);
+                std::ptr::write_bytes(dst.add(live), 0, NR - live);
+            }
+        }
+    }
 }
 
 /// Copies `n` panels' worth of work to threads (or runs them here for small work).
@@ -271,11 +305,13 @@ pub unsafe fn sgemm(
     };
     let b = match b {
         Operand::Packed(p) => Panels::Packed(&p.data),
+        Operand::PanelsB(p) => Panels::Packed(p),
         Operand::Strided(s) => Panels::Strided(s),
     };
     match a {
         // SAFETY: the packed operands have the shapes of the contract; c by the contract.
         Operand::Packed(pa) => unsafe { multiply((m, n, k), &pa.data, b, c, ldc, threads) },
+        Operand::PanelsB(_) => panic!("a panel-layout operand is a right operand"),
         Operand::Strided(sa) => SCRATCH.with(|s| {
             let mut fresh = Vec::new();
             // Re-entered on this thread (a kernel calling a GEMM per task): a fresh buffer.
