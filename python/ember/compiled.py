@@ -127,7 +127,7 @@ def _with_progress(work: Callable[[], _T], budget_s: float, quiet: bool) -> _T:
 
 def _empty(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
     """`torch.empty(shape, dtype=dtype)`: sizes unpacked, which torch parses ~2× faster than a
-    list (3 µs of a decode step's 9 outputs each)."""
+    list (~3 µs saved per output; a decode step has 9)."""
     return torch.empty(*shape, dtype=dtype) if shape else torch.empty((), dtype=dtype)
 
 

@@ -229,8 +229,12 @@ fn conv_t<T: GemmElem + Real>(
             let x0 = (b * g.c + grp * g.cg) * ip;
             let xg = &xs[x0..x0 + g.cg * ip];
             let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
+            // The panel path needs the weight packed as this group's og×k left operand.
+            let fits = |pa: &Packed| pa.is_left() && pa.rows == g.og && pa.cols == g.cg * g.taps();
             let panels = match (packed.get(grp), T::as_f32(xg)) {
-                (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() => Some((pa, x32)),
+                (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() && fits(pa) => {
+                    Some((pa, x32))
+                }
                 _ => None,
             };
             if !uses_gemm(&[g.o, g.cg], g.groups) {
