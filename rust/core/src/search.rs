@@ -25,6 +25,11 @@ type Best = (f64, usize, Box<dyn Executable>, Graph, Genome);
 
 /// Relative timing difference treated as noise when comparing candidates.
 const NOISE: f64 = 0.03;
+/// Paired rounds (winner, default; order alternating) that confirm a winner at the end, and
+/// how many of them the winner must win: a single timing on a busy machine swings by more
+/// than most real differences, and an unconfirmed winner would be cached for good.
+const CONFIRM_ROUNDS: usize = 5;
+const CONFIRM_WINS: usize = 4;
 
 #[derive(Clone, Debug)]
 pub struct SearchOptions {
@@ -159,7 +164,7 @@ pub fn optimize(
         .first()
         .map(|c| c.graph.clone())
         .unwrap_or_default();
-    let mut default_exe: Option<(f64, Box<dyn Executable>)> = None;
+    let mut default_exe: Option<Box<dyn Executable>> = None;
     let mut best: Option<Best> = None;
     let mut measured: Vec<(Genome, f64)> = Vec::new();
     let budget_left =
@@ -168,7 +173,7 @@ pub fn optimize(
                     report: &mut SearchReport,
                     best: &mut Option<Best>,
                     measured: &mut Vec<(Genome, f64)>,
-                    default_exe: &mut Option<(f64, Box<dyn Executable>)>| {
+                    default_exe: &mut Option<Box<dyn Executable>>| {
         let (mut rep, exe) = bench.measure(
             backend,
             weights,
@@ -194,8 +199,8 @@ pub fn optimize(
             if best.as_ref().is_none_or(|b| t < b.0 * (1.0 - NOISE)) {
                 let old = best.replace((t, index, exe, cand.graph, cand.genome));
                 // The default program is kept to be timed again at the end (see below).
-                if let Some((t0, 0, exe0, _, _)) = old {
-                    *default_exe = Some((t0, exe0));
+                if let Some((_, 0, exe0, _, _)) = old {
+                    *default_exe = Some(exe0);
                 }
             }
         }
@@ -245,19 +250,24 @@ pub fn optimize(
         }
     }
 
-    let Some((best_t, mut index, mut exe, mut g, mut genome)) = best else {
+    let Some((_, mut index, mut exe, mut g, mut genome)) = best else {
         return unoptimized(report, "no candidate was verified".into());
     };
-    // Time the default again at the end (machine noise drifts during a search) and keep it
-    // unless the winner still beats it by more than noise.
+    // Time the winner and the default again, in paired rounds under the same machine
+    // conditions (noise drifts during a search), and keep the default unless the winner
+    // wins most rounds and by more than noise. Both get the confirmed times in the report.
     if index != 0 {
-        if let Some((t0, exe0)) = default_exe.take() {
-            let again = bench.time(exe0.as_ref(), opts.repeats).unwrap_or(t0);
-            let t0 = t0.min(again);
-            if let Some(c) = report.candidates.first_mut() {
-                c.time_s = Some(t0);
-            }
-            if best_t >= t0 * (1.0 - NOISE) {
+        if let Some(exe0) = default_exe.take() {
+            let confirmed = bench.paired(exe.as_ref(), exe0.as_ref(), opts.repeats);
+            let keep_winner = match confirmed {
+                Ok((tw, t0, wins)) => {
+                    report.candidates[index].time_s = Some(tw);
+                    report.candidates[0].time_s = Some(t0);
+                    wins >= CONFIRM_WINS && tw < t0 * (1.0 - NOISE)
+                }
+                Err(_) => false,
+            };
+            if !keep_winner {
                 (index, exe) = (0, exe0);
                 g = default_graph.clone();
                 genome = Genome::new();
@@ -467,6 +477,34 @@ impl Bench {
             }
         }
         (rep, Some(exe))
+    }
+
+    /// `CONFIRM_ROUNDS` rounds timing `a` and `b` (which goes first alternates): the median
+    /// of each one's round times, and the rounds `a` was faster in.
+    fn paired(
+        &self,
+        a: &dyn Executable,
+        b: &dyn Executable,
+        repeats: usize,
+    ) -> Result<(f64, f64, usize)> {
+        let (mut ta, mut tb, mut wins) = (Vec::new(), Vec::new(), 0);
+        for round in 0..CONFIRM_ROUNDS {
+            let (x, y) = if round % 2 == 0 {
+                let x = self.time(a, repeats)?;
+                (x, self.time(b, repeats)?)
+            } else {
+                let y = self.time(b, repeats)?;
+                (self.time(a, repeats)?, y)
+            };
+            wins += usize::from(x < y);
+            ta.push(x);
+            tb.push(y);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Ok((median(ta), median(tb), wins))
     }
 
     /// Median time of `repeats` runs (after the run `measure` verified).
