@@ -22,12 +22,14 @@ from ember.errors import (
 )
 from ember.onnx import OnnxModel, compile_onnx
 from ember.options import Options
+from ember.profile import CpuProfile, profile_cpu
 from ember.report import Candidate, SearchReport, last_report
 
 __all__ = [
     "Candidate",
     "CompileError",
     "CompiledModel",
+    "CpuProfile",
     "EmberError",
     "EmberRuntimeError",
     "InputError",
@@ -45,4 +47,5 @@ __all__ = [
     "cuda",
     "ember_backend",
     "last_report",
+    "profile_cpu",
 ]

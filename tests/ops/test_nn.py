@@ -71,6 +71,33 @@ def test_sdpa_grouped_query(backend):
     )
 
 
+@pytest.mark.parametrize("queries", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("keys_transposed", [False, True])
+@pytest.mark.parametrize("dims", [(13, 7), (40, 41)])
+def test_sdpa_few_and_many_query_rows(queries, keys_transposed, dims, backend):
+    """Up to 8 query rows take the direct (decode) kernel, more take two GEMMs; keys stored
+    transposed (not unit-stride along the head dim) always take the GEMMs. Head sizes leave
+    tails after the 16-, 8- and 32-wide vector blocks; large scores test the softmax's max
+    shift."""
+    e, ev = dims
+    q, v = rand(2, 3, queries, e) * 8, rand(2, 3, 37, ev)
+    k = rand(2, 3, e, 37).transpose(-1, -2) if keys_transposed else rand(2, 3, 37, e)
+    keep = torch.rand(queries, 37) > 0.2
+    keep[:, 0] = True
+
+    def fn(q, k, v):
+        return (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        )
+
+    if queries == 3 and not keys_transposed:  # the generic (non-f32) loops of the kernel
+        check(fn, [q.double(), k.double(), v.double()], backend, rtol=1e-9, atol=1e-9)
+    # Scores reach ~40 here: their f32 rounding alone (~40 * 6e-8) moves the weights by ~1e-5.
+    check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
+
+
 def test_batch_norm_eval(backend):
     bn = torch.nn.BatchNorm1d(4).eval()
     bn.running_mean.uniform_(-1, 1)

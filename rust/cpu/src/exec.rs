@@ -19,6 +19,7 @@ use crate::kernels::sgemm::Packed;
 use crate::kernels::{
     attention, conv, dot, elementwise as ew, fused, index, movement as mv, norm, pool, reduce,
 };
+use crate::profile;
 use crate::strided::map1;
 
 /// A caller's input as a value. The view's memory is trusted (the `run` contract); its
@@ -124,6 +125,7 @@ pub fn execute(
         direct[o] = Some(out.ptr);
     }
     for (id, node) in g.nodes.iter().enumerate() {
+        let started = profile::start();
         let val = match (prog.fusion.role[id], &node.op) {
             (Role::Member(_), _) => continue,
             (_, Op::Input { index }) => inputs
@@ -165,6 +167,9 @@ pub fn execute(
             ))
             .at_node(&node.op.name(), &node.origin));
         }
+        if !matches!(node.op, Op::Input { .. }) {
+            profile::record(started, || step_label(prog, id), &plan.shapes[id]);
+        }
         vals[id] = Some(val);
         for &i in &prog.reads[id] {
             if prog.last_use[i] == id {
@@ -182,6 +187,21 @@ pub fn execute(
                 .ok_or_else(|| Error::Runtime(format!("output %{o} was freed")))
         })
         .collect()
+}
+
+/// What a profile calls step `id`: its op, or the kind of fused group it ends.
+fn step_label(prog: &Program, id: usize) -> String {
+    match prog.fusion.role[id] {
+        Role::Root(k) => {
+            let grp = &prog.fusion.groups[k];
+            let ops = grp.steps.len();
+            match grp.head {
+                Some(_) => format!("fused dot + {ops} elementwise"),
+                None => format!("fused {ops} elementwise"),
+            }
+        }
+        _ => prog.graph.nodes[id].op.name(),
+    }
 }
 
 fn value(vals: &[Option<Val>], i: usize) -> KResult<&Val> {

@@ -11,6 +11,7 @@ mod fold;
 mod fuse;
 mod kernels;
 mod par;
+pub mod profile;
 mod simd;
 mod strided;
 

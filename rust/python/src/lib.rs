@@ -189,6 +189,19 @@ fn pt2_supports(target: &str) -> bool {
     pt2::supports(target)
 }
 
+/// Turns per-step timing of CPU programs on or off (see `ember.profile_cpu`).
+#[pyfunction]
+fn cpu_profile_enable(on: bool) {
+    ember_cpu::profile::set_enabled(on);
+}
+
+/// The per-step timings gathered so far, slowest first: (label, output shape, seconds,
+/// steps), and a fresh table started.
+#[pyfunction]
+fn cpu_profile_take() -> Vec<ember_cpu::profile::Row> {
+    ember_cpu::profile::take()
+}
+
 fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
     match name {
         // Starting a thread pool can fail (and panic) when the OS refuses threads.
@@ -497,6 +510,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pt2_supports, m)?)?;
     m.add_function(wrap_pyfunction!(onnx::load_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_profile_enable, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_profile_take, m)?)?;
     m.add("cuda_built", cfg!(feature = "cuda"))?;
     #[cfg(feature = "cuda")]
     {

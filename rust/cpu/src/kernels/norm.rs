@@ -77,6 +77,21 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
     unpermute(out, &perm)
 }
 
+/// In-place softmax of one f32/f64 row, as the softmax op computes it (a row of -inf
+/// becomes NaN); for kernels that produce score rows themselves (attention).
+pub(crate) fn softmax_row_in_place<T: FloatElem<C = T> + Real>(row: &mut [T]) {
+    simd::wide(|| {
+        let m = row_max(row);
+        for x in row.iter_mut() {
+            *x = T::store((x.load() - m).fast_exp());
+        }
+        let inv = 1.0 / sum_lanes(row, |d| d.load().f64());
+        for d in row.iter_mut() {
+            *d = T::store(<T as Real>::of(d.load().f64() * inv));
+        }
+    })
+}
+
 /// Independent accumulators in the row loops: enough to hide add latency and fill vector
 /// registers, so the loops vectorize (a serial sum cannot be reordered by the compiler).
 const LANES: usize = 8;
