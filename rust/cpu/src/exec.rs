@@ -195,8 +195,11 @@ fn step_label(prog: &Program, id: usize) -> String {
         Role::Root(k) => {
             let grp = &prog.fusion.groups[k];
             let ops = grp.steps.len();
-            match grp.head {
-                Some(_) => format!("fused dot + {ops} elementwise"),
+            match &grp.head {
+                Some(h) => format!(
+                    "fused {} + {ops} elementwise",
+                    prog.graph.nodes[h.dot].op.name()
+                ),
                 None => format!("fused {ops} elementwise"),
             }
         }
