@@ -230,3 +230,51 @@ def test_conv_im2col_written_in_gemm_panels(batch, backend):
         nn.Conv2d(24, 20, (3, 2), stride=2, padding=(1, 2), dilation=(1, 2)),
     )
     check(model, [rand(batch, 40, 13, 11)], backend, **TOL)
+
+
+class _ResidualBlock(nn.Module):
+    """conv → BN → ReLU → conv → BN, plus the input, ReLU: the shape of a ResNet block,
+    whose epilogues (bias, ReLU, residual add) run on each image's outputs inside the conv."""
+
+    def __init__(self, channels: int, dilation: int) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation)
+        self.bn_a = nn.BatchNorm2d(channels)
+        self.b = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn_b = nn.BatchNorm2d(channels)
+        for bn in (self.bn_a, self.bn_b):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        y = F.relu(self.bn_a(self.a(x)))
+        return F.relu(x + self.bn_b(self.b(y)))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "width,dilation", [(16, 1), (12, 2), (7, 1), (33, 1)], ids=["w16", "w12_dil2", "w7", "w33"]
+)
+def test_conv_shifted_rows_with_fused_epilogue(batch, width, dilation, backend):
+    # f32 convs whose output rows fill most of 8-lane vectors read a padded copy of the input
+    # tap by tap (no im2col); rows of 7, 12 and 33 leave partial vectors, 13 channels a
+    # partial panel of output channels. A strided conv reads the copy split into phases.
+    block = _ResidualBlock(13, dilation).eval()
+    down = nn.Conv2d(13, 10, 3, stride=2, padding=1).eval()
+    check(
+        lambda x: (block(x), down(block(x))),
+        [rand(batch, 13, 9, width)],
+        backend,
+        **TOL,
+    )
+
+
+def test_conv_shifted_rows_in_one_and_three_dims(backend):
+    c1 = nn.Conv1d(6, 9, 5, stride=2, padding=2)
+    c3 = nn.Conv3d(3, 8, 3, padding=1)
+    check(
+        lambda a, b: (F.relu(c1(a)), c3(b) * 2.0),
+        [rand(2, 6, 37), rand(2, 3, 4, 5, 16)],
+        backend,
+        **TOL,
+    )

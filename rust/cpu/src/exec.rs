@@ -150,7 +150,7 @@ pub fn execute(
             }
             (Role::Plain, Op::Conv { .. }) if conv::conv_in_place(node.ty.dtype) => {
                 let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
-                conv_into(node, &prog.packed[id], &vals, &mut dest, threads)
+                conv_into(node, &prog.packed[id], &vals, &mut dest, None, threads)
                     .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
@@ -240,27 +240,45 @@ fn run_group(
         })
         .collect::<KResult<Vec<_>>>()?;
     let head = match &grp.head {
+        Some(_) => Some(dest.peek()?),
+        None => None,
+    };
+    // Prepared before the head is written (it only records where things are), so that a
+    // conv can run it on each image's outputs as soon as they are written.
+    let pass = fused::Pass::new(g, grp, &leaves, head.as_ref(), &mut dest)?;
+    match &grp.head {
         Some(h) => {
             let d = &g.nodes[h.dot];
             match &d.op {
-                Op::Conv { .. } => conv_into(d, &prog.packed[h.dot], vals, &mut dest, threads)?,
-                _ => dot_into(prog, h.dot, d, vals, &mut dest, threads)?,
+                Op::Conv { .. } => conv_into(
+                    d,
+                    &prog.packed[h.dot],
+                    vals,
+                    &mut dest,
+                    Some(&pass),
+                    threads,
+                )?,
+                _ => {
+                    dot_into(prog, h.dot, d, vals, &mut dest, threads)?;
+                    pass.all()?
+                }
             }
-            Some(dest.peek()?)
         }
-        None => None,
-    };
-    fused::run(g, grp, &leaves, head.as_ref(), &mut dest)?;
+        None => pass.all()?,
+    }
+    drop(pass);
     drop(head);
     dest.finish()
 }
 
-/// A conv node written into `dest` (`packed`: its weight per group, when packed).
+/// A conv node written into `dest` (`packed`: its weight per group, when packed), then
+/// `epilogue` over it.
 fn conv_into(
     node: &Node,
     packed: &[Packed],
     vals: &[Option<Val>],
     dest: &mut Dest,
+    epilogue: Option<&fused::Pass>,
     threads: usize,
 ) -> KResult<()> {
     let Op::Conv {
@@ -288,7 +306,7 @@ fn conv_into(
         dilation,
         groups: *groups,
     };
-    conv::conv_into(x, w, bias, &p, packed, dest, threads)
+    conv::conv_into(x, w, bias, &p, packed, dest, epilogue, threads)
 }
 
 /// Dot node `id` written into `dest`, through its pre-packed weight when it has one.

@@ -5,6 +5,7 @@
 //! run the closures of `elementwise.rs`, so every node rounds exactly as it does unfused.
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
 
 use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
@@ -49,61 +50,99 @@ struct Shared {
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
-/// Runs `grp` into `dest` (the head, if any, must already be in `dest`; `head` is then the
-/// value viewing it). `leaves[i]` is the value of leaf i (`None` for the head's leaf).
-pub fn run(
-    g: &Graph,
-    grp: &Group,
-    leaves: &[Option<&Val>],
-    head: Option<&Val>,
-    dest: &mut Dest,
-) -> KResult<()> {
-    let n = dest.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let mut prepared = Vec::with_capacity(leaves.len());
-    for (i, v) in leaves.iter().enumerate() {
-        let is_head = v.is_none();
-        let v = match (v, head) {
-            (Some(v), _) => *v,
-            (None, Some(h)) => h,
-            (None, None) => return Err(CpuError::Internal(format!("leaf {i} has no value"))),
-        };
-        if v.numel() != n {
-            return Err(CpuError::Shape(format!(
-                "fused operand {:?} does not match the output {:?}",
-                v.shape(),
-                dest.shape
-            )));
+/// A group's blocked pass into `dest` (after its head, if any, is in `dest`; `head` is then
+/// the value viewing it; `leaves[i]` is the value of leaf i, `None` for the head's leaf),
+/// prepared once per call: `all` runs it over the whole output;
+/// `range` over part of it, so a head kernel (conv) can run it on the outputs it has just
+/// written while they are still in cache.
+pub struct Pass<'a> {
+    g: &'a Graph,
+    grp: &'a Group,
+    /// Pointers into the leaves' values (and `dest`), which `'a` keeps alive.
+    shared: Shared,
+    out_size: usize,
+    n: usize,
+    values: PhantomData<&'a Val>,
+}
+
+impl<'a> Pass<'a> {
+    /// The pass of `grp` into `dest`, with operands as for `run`. The head's values are read
+    /// only when a range runs, so the head may be written into `dest` after this.
+    pub fn new(
+        g: &'a Graph,
+        grp: &'a Group,
+        leaves: &[Option<&'a Val>],
+        head: Option<&'a Val>,
+        dest: &mut Dest,
+    ) -> KResult<Pass<'a>> {
+        let n = dest.numel();
+        let mut prepared = Vec::with_capacity(leaves.len());
+        for (i, v) in leaves.iter().enumerate() {
+            let is_head = v.is_none();
+            let v = match (v, head) {
+                (Some(v), _) => *v,
+                (None, Some(h)) => h,
+                (None, None) => return Err(CpuError::Internal(format!("leaf {i} has no value"))),
+            };
+            if v.numel() != n {
+                return Err(CpuError::Shape(format!(
+                    "fused operand {:?} does not match the output {:?}",
+                    v.shape(),
+                    dest.shape
+                )));
+            }
+            let size = v.dtype.size();
+            let (shape, strides) = coalesce(v.shape(), [&v.layout.strides]);
+            let kind = if strides[0].iter().all(|&s| s == 0) {
+                Kind::Scalar
+            } else if !is_head && shape.len() == 1 && strides[0][0] == 1 {
+                Kind::Contiguous
+            } else {
+                Kind::Strided
+            };
+            prepared.push(Leaf {
+                ptr: v
+                    .storage
+                    .ptr()
+                    .wrapping_add(v.layout.offset as usize * size),
+                size,
+                shape,
+                strides,
+                kind,
+            });
         }
-        let size = v.dtype.size();
-        let (shape, strides) = coalesce(v.shape(), [&v.layout.strides]);
-        let kind = if strides[0].iter().all(|&s| s == 0) {
-            Kind::Scalar
-        } else if !is_head && shape.len() == 1 && strides[0][0] == 1 {
-            Kind::Contiguous
-        } else {
-            Kind::Strided
-        };
-        prepared.push(Leaf {
-            ptr: v
-                .storage
-                .ptr()
-                .wrapping_add(v.layout.offset as usize * size),
-            size,
-            shape,
-            strides,
-            kind,
-        });
+        Ok(Pass {
+            g,
+            grp,
+            shared: Shared {
+                leaves: prepared,
+                out: dest.ptr(),
+            },
+            out_size: dest.dtype.size(),
+            n,
+            values: PhantomData,
+        })
     }
-    let shared = Shared {
-        leaves: prepared,
-        out: dest.ptr(),
-    };
-    let out_size = dest.dtype.size();
-    let run_blocks = |start: usize, end: usize, base: *mut u64| -> KResult<()> {
-        let shared = &shared; // the whole struct (Sync), not its raw-pointer fields
+
+    /// Elements of the output.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Runs the pass over output elements `start..end` on this thread. Ranges run by
+    /// different threads must not overlap.
+    pub fn range(&self, start: usize, end: usize) -> KResult<()> {
+        if start >= end {
+            return Ok(());
+        }
+        if end > self.n {
+            return Err(CpuError::Internal("fused range past the output".into()));
+        }
+        with_scratch(self.grp.slots * BLOCK, |base| self.blocks(start, end, base))
+    }
+
+    fn blocks(&self, start: usize, end: usize, base: *mut u64) -> KResult<()> {
+        let shared = &self.shared;
         let slot = |s: usize| base.wrapping_add(s * BLOCK) as *mut u8;
         for (i, l) in shared.leaves.iter().enumerate() {
             if let Kind::Scalar = l.kind {
@@ -111,7 +150,7 @@ pub fn run(
                 unsafe { fill(l, slot(i)) };
             }
         }
-        let mut ptrs: Vec<*const u8> = (0..grp.slots).map(|s| slot(s) as *const u8).collect();
+        let mut ptrs: Vec<*const u8> = (0..self.grp.slots).map(|s| slot(s) as *const u8).collect();
         let mut at = start;
         while at < end {
             let len = BLOCK.min(end - at);
@@ -123,38 +162,45 @@ pub fn run(
                     Kind::Strided => unsafe { gather(l, at, len, slot(i)) },
                 }
             }
-            for step in &grp.steps {
+            for step in &self.grp.steps {
                 let dst = if step.out == usize::MAX {
-                    shared.out.wrapping_add(at * out_size)
+                    shared.out.wrapping_add(at * self.out_size)
                 } else {
                     slot(step.out)
                 };
-                apply(g, step.node, &step.args, &ptrs, dst, len)?;
+                apply(self.g, step.node, &step.args, &ptrs, dst, len)?;
             }
             at += len;
         }
         Ok(())
-    };
-    let task = |start: usize, end: usize| -> KResult<()> {
-        with_scratch(grp.slots * BLOCK, |base| run_blocks(start, end, base))
-    };
-    // Transcendental steps cost several cheap ones, so such groups go parallel (and split
-    // finer) at fewer elements: offering chunks costs the caller a few µs at most (`par.rs`).
-    let cost: usize = grp
-        .steps
-        .iter()
-        .map(|s| step_cost(&g.nodes[s.node].op))
-        .sum();
-    let cost = cost.max(1);
-    if n.saturating_mul(cost) < PAR_MIN {
-        return task(0, n);
     }
-    let chunk = (n / (par::threads() * 4))
-        .max(PAR_MIN / 4 / cost)
-        .next_multiple_of(BLOCK);
-    par::try_for_each(n.div_ceil(chunk), |t| {
-        task(t * chunk, ((t + 1) * chunk).min(n))
-    })
+
+    /// Runs the pass over the whole output, split over threads when it is worth it.
+    pub fn all(&self) -> KResult<()> {
+        let n = self.n;
+        if n == 0 {
+            return Ok(());
+        }
+        // Transcendental steps cost several cheap ones, so such groups go parallel (and
+        // split finer) at fewer elements: offering chunks costs the caller a few µs at most
+        // (`par.rs`).
+        let cost: usize = self
+            .grp
+            .steps
+            .iter()
+            .map(|s| step_cost(&self.g.nodes[s.node].op))
+            .sum();
+        let cost = cost.max(1);
+        if n.saturating_mul(cost) < PAR_MIN {
+            return self.range(0, n);
+        }
+        let chunk = (n / (par::threads() * 4))
+            .max(PAR_MIN / 4 / cost)
+            .next_multiple_of(BLOCK);
+        par::try_for_each(n.div_ceil(chunk), |t| {
+            self.range(t * chunk, ((t + 1) * chunk).min(n))
+        })
+    }
 }
 
 thread_local! {

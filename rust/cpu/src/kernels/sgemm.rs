@@ -126,6 +126,13 @@ impl Packed {
     pub fn is_left(&self) -> bool {
         self.left
     }
+
+    /// Panel `p` of a left operand: `cols` steps of `MR` values (rows `p·MR..`, zero past
+    /// the last row).
+    pub fn left_panel(&self, p: usize) -> &[f32] {
+        assert!(self.left, "a right operand has no row panels");
+        &self.data[p * MR * self.cols..(p + 1) * MR * self.cols]
+    }
 }
 
 /// An operand of `sgemm`: strided (packed per call) or packed already.

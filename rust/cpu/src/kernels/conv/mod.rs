@@ -1,9 +1,13 @@
-//! Convolution. Dense and grouped convs run im2col + GEMM (the `gemm` crate, as `dot`);
+//! Convolution. Dense f32 convs with a packed weight run `shifted` (a GEMM register tile
+//! reading a padded copy of the input, no im2col) where AVX2 is present and output rows
+//! fill whole vectors; other dense and grouped convs run im2col + GEMM (as `dot`);
 //! a 1×1, stride-1, unpadded conv skips im2col (the input already is the column matrix);
 //! depthwise-style convs (one input channel per group) accumulate shifted input rows
 //! directly, since a GEMM with one row of K = taps would be mostly call overhead.
 //! Work is split over batch × groups (`par.rs`) when there are several; a single image with
 //! one group gives its threads to the GEMM instead.
+
+mod shifted;
 
 use std::cell::RefCell;
 
@@ -11,6 +15,7 @@ use ember_core::dtype::DType;
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
+use super::fused::Pass;
 use super::sgemm::{self, Operand, Packed};
 use super::window::{size, three, Axis};
 use crate::arena::Dest;
@@ -133,14 +138,18 @@ pub fn conv(
 ) -> KResult<Val> {
     let g = Geom::new(x.shape(), w.shape(), out, p)?;
     match x.dtype {
-        DType::F32 => Val::build::<f32>(x.dtype, out, |y| conv_t(x, w, bias, &g, &[], y, threads)),
-        DType::F64 => Val::build::<f64>(x.dtype, out, |y| conv_t(x, w, bias, &g, &[], y, threads)),
+        DType::F32 => Val::build::<f32>(x.dtype, out, |y| {
+            conv_t(x, w, bias, &g, &[], y, None, threads)
+        }),
+        DType::F64 => Val::build::<f64>(x.dtype, out, |y| {
+            conv_t(x, w, bias, &g, &[], y, None, threads)
+        }),
         // Half types compute in f32 and round once at the end, as torch's CPU kernels do.
         DType::F16 | DType::BF16 => {
             let b = bias.map(|b| cast(b, DType::F32)).transpose()?;
             let (xf, wf) = (cast(x, DType::F32)?, cast(w, DType::F32)?);
             let y = Val::build::<f32>(DType::F32, out, |y| {
-                conv_t(&xf, &wf, b.as_ref(), &g, &[], y, threads)
+                conv_t(&xf, &wf, b.as_ref(), &g, &[], y, None, threads)
             })?;
             cast(&y, x.dtype)
         }
@@ -160,8 +169,11 @@ pub fn uses_gemm(ws: &[usize], groups: usize) -> bool {
 }
 
 /// The conv written into `dest` (a reused arena buffer or the caller's output), so that no
-/// fresh buffer is zeroed per call and a fused epilogue can run over it in place. `packed`
-/// holds the weight of each group packed at compile time, or nothing.
+/// fresh buffer is zeroed per call, then `epilogue` (a fused elementwise pass over `dest`)
+/// run in place: on each image's outputs right after they are written, while they are
+/// still in cache, when images run as separate tasks. `packed` holds the weight of each
+/// group packed at compile time, or nothing.
+#[allow(clippy::too_many_arguments)]
 pub fn conv_into(
     x: &Val,
     w: &Val,
@@ -169,6 +181,7 @@ pub fn conv_into(
     p: &Params,
     packed: &[Packed],
     dest: &mut Dest,
+    epilogue: Option<&Pass>,
     threads: usize,
 ) -> KResult<()> {
     let shape = dest.shape.clone();
@@ -180,8 +193,8 @@ pub fn conv_into(
         )));
     }
     match x.dtype {
-        DType::F32 => conv_t::<f32>(x, w, bias, &g, packed, dest.slice()?, threads),
-        DType::F64 => conv_t::<f64>(x, w, bias, &g, &[], dest.slice()?, threads),
+        DType::F32 => conv_t::<f32>(x, w, bias, &g, packed, dest.slice()?, epilogue, threads),
+        DType::F64 => conv_t::<f64>(x, w, bias, &g, &[], dest.slice()?, epilogue, threads),
         d => Err(CpuError::Internal(format!("conv into a buffer of {d}"))),
     }
 }
@@ -194,7 +207,9 @@ fn elems<T: Copy>(v: &Val) -> KResult<(Val, *const T, usize)> {
     Ok((c, ptr, n))
 }
 
-/// The conv into `y` (contiguous `[N, O, *S']`; every element is written).
+/// The conv into `y` (contiguous `[N, O, *S']`; every element is written), then `epilogue`
+/// over it.
+#[allow(clippy::too_many_arguments)]
 fn conv_t<T: GemmElem + Real>(
     x: &Val,
     w: &Val,
@@ -202,6 +217,7 @@ fn conv_t<T: GemmElem + Real>(
     g: &Geom,
     packed: &[Packed],
     y: &mut [T],
+    epilogue: Option<&Pass>,
     threads: usize,
 ) -> KResult<()> {
     let (_xk, xp, xn) = elems::<T>(x)?;
@@ -219,72 +235,96 @@ fn conv_t<T: GemmElem + Real>(
     let ws = unsafe { std::slice::from_raw_parts(wp, wn) };
     let (ip, op) = (g.in_plane(), g.out_plane());
     let tasks = g.n * g.groups;
-    {
-        if op == 0 || tasks == 0 {
-            return Ok(());
-        }
-        // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
-        let run = |t: usize, y: &mut [T], threads: usize| {
-            let (b, grp) = (t / g.groups, t % g.groups);
-            let x0 = (b * g.c + grp * g.cg) * ip;
-            let xg = &xs[x0..x0 + g.cg * ip];
-            let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
-            // The panel path needs the weight packed as this group's og×k left operand.
-            let fits = |pa: &Packed| pa.is_left() && pa.rows == g.og && pa.cols == g.cg * g.taps();
-            let panels = match (packed.get(grp), T::as_f32(xg)) {
-                (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() && fits(pa) => {
-                    Some((pa, x32))
-                }
-                _ => None,
-            };
-            if !uses_gemm(&[g.o, g.cg], g.groups) {
-                direct(g, xg, wg, y);
-            } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {
-                gemm_from_panels(g, pa, x32, y32, threads);
-            } else {
-                let k = g.cg * g.taps();
-                with_cols(
-                    g.pointwise().then_some(xg),
-                    k * op,
-                    |col| im2col(g, xg, col),
-                    |cols| {
-                        let a = Mat {
-                            ptr: wg.as_ptr(),
-                            rs: k as isize,
-                            cs: 1,
-                        };
-                        let bm = Mat {
-                            ptr: cols.as_ptr(),
-                            rs: op as isize,
-                            cs: 1,
-                        };
-                        // SAFETY: `wg` is og×k and `cols` is k×op, both contiguous row-major.
-                        let done = match packed.get(grp) {
-                            Some(pa) => unsafe {
-                                T::gemm_packed_a(y, op, (g.og, op, k), pa, bm, threads)
-                            },
-                            None => false,
-                        };
-                        if !done {
-                            // SAFETY: as above.
-                            unsafe { gemm_into(y, op, (g.og, op, k), a, bm, threads) };
-                        }
-                    },
-                );
+    if op == 0 || tasks == 0 {
+        return Ok(());
+    }
+    if epilogue.is_some_and(|e| e.len() != y.len()) {
+        return Err(CpuError::Internal("conv epilogue of another size".into()));
+    }
+    // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
+    let run = |t: usize, y: &mut [T], threads: usize| {
+        let (b, grp) = (t / g.groups, t % g.groups);
+        let x0 = (b * g.c + grp * g.cg) * ip;
+        let xg = &xs[x0..x0 + g.cg * ip];
+        let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
+        let bg = bias.as_ref().map(|b| &b[grp * g.og..(grp + 1) * g.og]);
+        // The panel paths need the weight packed as this group's og×k left operand.
+        let fits = |pa: &Packed| pa.is_left() && pa.rows == g.og && pa.cols == g.cg * g.taps();
+        let panels = match (packed.get(grp), T::as_f32(xg)) {
+            (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() && fits(pa) => {
+                Some((pa, x32))
             }
-            if let Some(bias) = &bias {
-                for (row, &bv) in y.chunks_mut(op).zip(&bias[grp * g.og..]) {
-                    row.iter_mut().for_each(|v| *v = *v + bv);
-                }
-            }
+            _ => None,
         };
-        let chunk = g.og * op;
-        if tasks > 1 {
-            par::for_chunks_mut(y, chunk, |start, y| run(start / chunk, y, 1));
+        let mut add_bias = bg;
+        if !uses_gemm(&[g.o, g.cg], g.groups) {
+            direct(g, xg, wg, y);
+        } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {
+            match bg.map(|b| T::as_f32(b)) {
+                // The shifted kernel starts its sums from the bias.
+                Some(Some(b32)) if shifted::suits(g) => {
+                    shifted::conv_shifted(g, pa, x32, Some(b32), y32, threads);
+                    add_bias = None;
+                }
+                None if shifted::suits(g) => shifted::conv_shifted(g, pa, x32, None, y32, threads),
+                _ => gemm_from_panels(g, pa, x32, y32, threads),
+            }
         } else {
-            run(0, y, threads);
+            let k = g.cg * g.taps();
+            with_cols(
+                g.pointwise().then_some(xg),
+                k * op,
+                |col| im2col(g, xg, col),
+                |cols| {
+                    let a = Mat {
+                        ptr: wg.as_ptr(),
+                        rs: k as isize,
+                        cs: 1,
+                    };
+                    let bm = Mat {
+                        ptr: cols.as_ptr(),
+                        rs: op as isize,
+                        cs: 1,
+                    };
+                    // SAFETY: `wg` is og×k and `cols` is k×op, both contiguous row-major.
+                    let done = match packed.get(grp) {
+                        Some(pa) => unsafe {
+                            T::gemm_packed_a(y, op, (g.og, op, k), pa, bm, threads)
+                        },
+                        None => false,
+                    };
+                    if !done {
+                        // SAFETY: as above.
+                        unsafe { gemm_into(y, op, (g.og, op, k), a, bm, threads) };
+                    }
+                },
+            );
         }
-        Ok(())
+        if let Some(bias) = add_bias {
+            for (row, &bv) in y.chunks_mut(op).zip(bias) {
+                row.iter_mut().for_each(|v| *v = *v + bv);
+            }
+        }
+    };
+    let chunk = g.og * op;
+    if tasks == 1 {
+        run(0, y, threads);
+        return epilogue.map_or(Ok(()), Pass::all);
+    }
+    // Each task runs the epilogue over its own outputs; the first error is kept.
+    let failed = std::sync::Mutex::new(None);
+    par::for_chunks_mut(y, chunk, |start, y| {
+        run(start / chunk, y, 1);
+        if let Some(Err(e)) = epilogue.map(|e| e.range(start, start + y.len())) {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

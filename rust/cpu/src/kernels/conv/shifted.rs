@@ -1,0 +1,581 @@
+//! Dense f32 convolution on AVX2 + FMA without im2col.
+//!
+//! im2col writes every input value once per kernel tap (nine times the input for a 3×3
+//! conv) only for the GEMM to read it back. Here `sgemm`'s 6×16 register tile reads its
+//! right operand straight from a zero-padded copy of the input: for one tap and 8
+//! consecutive outputs along the last spatial axis, the inputs read are consecutive in that
+//! copy once each padded row is split into `stride` phases (phase φ holds padded columns
+//! φ, φ + s, φ + 2s, …), so a step of k is two unaligned 8-lane loads at a per-tap offset,
+//! six weight broadcasts and twelve FMAs, as in the GEMM. The weight is the conv's packed
+//! left operand (`sgemm::Packed::a`: panels of `MR` output channels, k-major, with
+//! k = input channel · taps + tap), packed once at compile time.
+//!
+//! The padded copy costs about one pass over the input; output rows narrower than 8 leave
+//! lanes idle, so `suits` keeps narrow outputs on the im2col path.
+
+use super::Geom;
+use crate::kernels::sgemm::{Packed, MR};
+use crate::par;
+
+/// Lanes per vector: outputs along the last spatial axis that one load covers.
+const LANES: usize = 8;
+/// Pairs of vectors (one register tile's columns) per block of work: a weight panel is read
+/// once per block. Measured single-threaded on the ResNet shapes (`shifted_speed`): 8 was
+/// up to 10 % faster than 1 on the large planes and no slower elsewhere.
+const PAIRS_PER_BLOCK: usize = 8;
+
+/// Whether the shifted kernel should run this conv: enough of each output row fills whole
+/// vectors (7 of 8 lanes for a row of 7, 12 of 16 for a row of 12).
+pub fn suits(g: &Geom) -> bool {
+    let wo = g.ax[2].out;
+    wo * 10 >= wo.next_multiple_of(LANES) * 7
+}
+
+/// Where things lie in the padded input of one image and group.
+struct Layout {
+    /// Floats per input channel, per padded depth plane, per padded row (all its phases),
+    /// per phase.
+    chan: usize,
+    plane: usize,
+    row: usize,
+    phase: usize,
+    /// Offset of each kernel tap (weight order) from a vector's origin.
+    taps: Vec<isize>,
+}
+
+impl Layout {
+    fn new(g: &Geom) -> Layout {
+        let [d, h, w] = &g.ax;
+        // Padded extent an axis's outputs read: up to the last output's last tap.
+        let extent = |a: &crate::kernels::window::Axis| {
+            (a.out - 1) * a.stride + (a.kernel - 1) * a.dilation + 1
+        };
+        // Each phase holds the columns of its outputs' vectors, rounded up to whole vectors,
+        // plus the furthest tap's shift: no load runs past its phase.
+        let phase = w.out.next_multiple_of(LANES) + (w.kernel - 1) * w.dilation / w.stride;
+        let row = phase * w.stride;
+        let plane = row * extent(h);
+        let chan = plane * extent(d);
+        let mut taps = Vec::with_capacity(g.taps());
+        for i in 0..d.kernel {
+            for j in 0..h.kernel {
+                for l in 0..w.kernel {
+                    let col = l * w.dilation;
+                    taps.push(
+                        (i * d.dilation * plane
+                            + j * h.dilation * row
+                            + (col % w.stride) * phase
+                            + col / w.stride) as isize,
+                    );
+                }
+            }
+        }
+        Layout {
+            chan,
+            plane,
+            row,
+            phase,
+            taps,
+        }
+    }
+
+    /// Writes the zero-padded, phase-split copy of `x` (`cg` channels of the input plane)
+    /// into `buf` (`cg · chan` floats).
+    fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
+        let [d, h, w] = &g.ax;
+        let ip = g.in_plane();
+        let (rows_d, rows_h) = (self.chan / self.plane, self.plane / self.row);
+        for (c, dst) in buf.chunks_mut(self.chan).take(g.cg).enumerate() {
+            let xc = &x[c * ip..(c + 1) * ip];
+            for rd in 0..rows_d {
+                let id = rd as isize - d.pad as isize;
+                for rh in 0..rows_h {
+                    let ih = rh as isize - h.pad as isize;
+                    let out = &mut dst[rd * self.plane + rh * self.row..][..self.row];
+                    if id < 0 || id as usize >= d.len || ih < 0 || ih as usize >= h.len {
+                        out.fill(0.0);
+                        continue;
+                    }
+                    let src = &xc[(id as usize * h.len + ih as usize) * w.len..][..w.len];
+                    if w.stride == 1 {
+                        let lead = w.pad.min(out.len());
+                        out[..lead].fill(0.0);
+                        let n = w.len.min(out.len() - lead);
+                        out[lead..lead + n].copy_from_slice(&src[..n]);
+                        out[lead + n..].fill(0.0);
+                        continue;
+                    }
+                    for (phi, part) in out.chunks_mut(self.phase).enumerate() {
+                        for (q, v) in part.iter_mut().enumerate() {
+                            let iw = (q * w.stride + phi) as isize - w.pad as isize;
+                            *v = if iw >= 0 && (iw as usize) < w.len {
+                                src[iw as usize]
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One output vector: 8 (or `live`) consecutive outputs of one output row.
+#[derive(Clone, Copy)]
+struct Vector {
+    /// Offset of its first tap-0 input in the padded copy, and of its first output in an
+    /// output plane.
+    input: usize,
+    output: usize,
+    live: usize,
+}
+
+fn vector(g: &Geom, lay: &Layout, v: usize) -> Vector {
+    let [d, h, w] = &g.ax;
+    let per_row = w.out.div_ceil(LANES);
+    let (orow, ow0) = (v / per_row, v % per_row * LANES);
+    let (od, oh) = (orow / h.out, orow % h.out);
+    Vector {
+        input: od * d.stride * lay.plane + oh * h.stride * lay.row + ow0,
+        output: orow * w.out + ow0,
+        live: LANES.min(w.out - ow0),
+    }
+}
+
+thread_local! {
+    /// Per-thread padded input, reused across calls.
+    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: shared only so that tasks write disjoint outputs of one exclusively borrowed
+// buffer (each output vector belongs to one task).
+unsafe impl Sync for OutPtr {}
+
+/// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
+/// output planes, every element written), with the weight packed as `pa` (`og` × `cg ·
+/// taps`) and `bias` (`og` values) added. Requires `sgemm::available()`.
+pub fn conv_shifted(
+    g: &Geom,
+    pa: &Packed,
+    x: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    threads: usize,
+) {
+    let lay = Layout::new(g);
+    let op = g.out_plane();
+    assert!(
+        pa.is_left() && pa.rows == g.og && pa.cols == g.cg * g.taps(),
+        "conv weight packed for another shape"
+    );
+    assert!(y.len() >= g.og * op && x.len() >= g.cg * g.in_plane());
+    assert!(
+        bias.is_none_or(|b| b.len() == g.og),
+        "conv bias of another length"
+    );
+    // Bias per panel row (zero past the last channel), so the tile starts its sums from it.
+    let mut starts = vec![0.0f32; g.og.next_multiple_of(MR)];
+    if let Some(b) = bias {
+        starts[..g.og].copy_from_slice(b);
+    }
+    let vectors = op / g.ax[2].out * g.ax[2].out.div_ceil(LANES);
+    let pairs = vectors.div_ceil(2);
+    let panels = g.og.div_ceil(MR);
+    let out = OutPtr(y.as_mut_ptr());
+    let run = |buf: &mut Vec<f32>| {
+        buf.resize(g.cg * lay.chan, 0.0);
+        lay.fill(g, x, buf);
+        let (buf, lay, out) = (&buf[..], &lay, &out);
+        // Blocks of pairs, each running every panel of the weight over its pairs in turn,
+        // so a panel is read from L2 once per block; with threads, a few blocks per thread so
+        // a late helper still finds work.
+        let block = match threads {
+            1 => PAIRS_PER_BLOCK,
+            _ => PAIRS_PER_BLOCK
+                .min(pairs.div_ceil(par::threads() * 4))
+                .max(1),
+        };
+        let work = |bi: usize| {
+            let pairs_here = bi * block..((bi + 1) * block).min(pairs);
+            for p in 0..panels {
+                let rows = MR.min(g.og - p * MR);
+                for pair in pairs_here.clone() {
+                    let v0 = vector(g, lay, 2 * pair);
+                    let v1 = (2 * pair + 1 < vectors).then(|| vector(g, lay, 2 * pair + 1));
+                    // SAFETY: the padded copy holds every input any tap of these vectors
+                    // reads (`Layout`); the panel holds cg·taps steps of MR; the outputs lie
+                    // inside y (rows of op), and this pair's vectors belong to this task.
+                    unsafe {
+                        x86::dispatch(
+                            rows,
+                            Steps {
+                                channels: g.cg,
+                                chan: lay.chan,
+                                taps: &lay.taps,
+                            },
+                            buf.as_ptr(),
+                            [Some(v0), v1],
+                            pa.left_panel(p).as_ptr(),
+                            &starts[p * MR..(p + 1) * MR],
+                            out.0.add(p * MR * op),
+                            op,
+                        )
+                    };
+                }
+            }
+        };
+        let blocks = pairs.div_ceil(block);
+        if threads > 1 {
+            par::for_each(blocks, work);
+        } else {
+            (0..blocks).for_each(work);
+        }
+    };
+    PADDED.with(|p| match p.try_borrow_mut() {
+        Ok(mut buf) => run(&mut buf),
+        // Re-entered on this thread: a fresh buffer.
+        Err(_) => run(&mut Vec::new()),
+    });
+}
+
+/// The steps of k of one conv: every tap of every input channel.
+struct Steps<'a> {
+    channels: usize,
+    /// Floats per channel of the padded copy.
+    chan: usize,
+    taps: &'a [isize],
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Steps, Vector, LANES};
+    use crate::kernels::sgemm::MR;
+    use std::arch::x86_64::*;
+
+    /// Runs the tile for `rows` (1..=MR) output channels and one or two vectors.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; `x` holds every input the vectors' taps read; `a` holds
+    /// `channels · taps` steps of `MR` floats; `start` holds `rows` initial sums (the bias);
+    /// `y` addresses `rows` output planes of `ldc` floats, each containing the vectors'
+    /// outputs.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dispatch(
+        rows: usize,
+        k: Steps,
+        x: *const f32,
+        v: [Option<Vector>; 2],
+        a: *const f32,
+        start: &[f32],
+        y: *mut f32,
+        ldc: usize,
+    ) {
+        let Some(v0) = v[0] else { return };
+        macro_rules! go {
+            ($r:literal) => {
+                match v[1] {
+                    Some(v1) => tile::<$r, 2>(k, x, [v0, v1], a, start, y, ldc),
+                    None => tile::<$r, 1>(k, x, [v0, v0], a, start, y, ldc),
+                }
+            };
+        }
+        // SAFETY: by the contract.
+        unsafe {
+            match rows {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                _ => go!(6),
+            }
+        }
+    }
+
+    /// `R` output channels × `V` vectors (of `v`), accumulated over every step of k.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // `r` and `j` index the accumulators
+    unsafe fn tile<const R: usize, const V: usize>(
+        k: Steps,
+        x: *const f32,
+        v: [Vector; 2],
+        a: *const f32,
+        start: &[f32],
+        y: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY (whole body): reads stay inside the padded copy and the panel, writes inside
+        // the vectors' outputs, by `dispatch`'s contract.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); V]; R];
+            for r in 0..R {
+                acc[r] = [_mm256_set1_ps(start[r]); V];
+            }
+            let shift = v[1].input as isize - v[0].input as isize;
+            let mut a = a;
+            let mut step = |p: *const f32, a: *const f32| {
+                let mut b = [_mm256_setzero_ps(); V];
+                b[0] = _mm256_loadu_ps(p);
+                if V > 1 {
+                    b[V - 1] = _mm256_loadu_ps(p.offset(shift));
+                }
+                for r in 0..R {
+                    let s = _mm256_broadcast_ss(&*a.add(r));
+                    for j in 0..V {
+                        acc[r][j] = _mm256_fmadd_ps(s, b[j], acc[r][j]);
+                    }
+                }
+            };
+            if let Ok(taps) = <&[isize; 9]>::try_from(k.taps) {
+                // 3×3 kernels, the common case: the taps unrolled.
+                for c in 0..k.channels {
+                    let xc = x.add(c * k.chan + v[0].input);
+                    for (i, &t) in taps.iter().enumerate() {
+                        step(xc.offset(t), a.add(i * MR));
+                    }
+                    a = a.add(9 * MR);
+                }
+            } else {
+                for c in 0..k.channels {
+                    let xc = x.add(c * k.chan + v[0].input);
+                    for &t in k.taps {
+                        step(xc.offset(t), a);
+                        a = a.add(MR);
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..V {
+                    let out = y.add(r * ldc + v[j].output);
+                    if v[j].live == LANES {
+                        _mm256_storeu_ps(out, acc[r][j]);
+                    } else {
+                        let mut tmp = [0.0f32; LANES];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), acc[r][j]);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, v[j].live);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    use super::{Steps, Vector};
+
+    /// Never called: the kernel runs only where `sgemm::available()` holds (x86-64).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dispatch(
+        _rows: usize,
+        _k: Steps,
+        _x: *const f32,
+        _v: [Option<Vector>; 2],
+        _a: *const f32,
+        _start: &[f32],
+        _y: *mut f32,
+        _ldc: usize,
+    ) {
+        unreachable!("the shifted conv runs only where sgemm::available() is true");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::conv::Params;
+    use crate::kernels::sgemm::{self, Strided};
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The conv of one image, one group, by its definition.
+    fn reference(g: &Geom, x: &[f32], w: &[f32]) -> Vec<f64> {
+        let [d, h, wa] = &g.ax;
+        let mut y = vec![0.0f64; g.og * g.out_plane()];
+        for oc in 0..g.og {
+            for od in 0..d.out {
+                for oh in 0..h.out {
+                    for ow in 0..wa.out {
+                        let mut s = 0.0f64;
+                        for c in 0..g.cg {
+                            let mut t = 0;
+                            for i in 0..d.kernel {
+                                for j in 0..h.kernel {
+                                    for l in 0..wa.kernel {
+                                        let id = (od * d.stride) as isize + d.tap_offset(i);
+                                        let ih = (oh * h.stride) as isize + h.tap_offset(j);
+                                        let iw = (ow * wa.stride) as isize + wa.tap_offset(l);
+                                        let inside =
+                                            |v: isize, a: &crate::kernels::window::Axis| {
+                                                v >= 0 && (v as usize) < a.len
+                                            };
+                                        if inside(id, d) && inside(ih, h) && inside(iw, wa) {
+                                            let xi = ((c * d.len + id as usize) * h.len
+                                                + ih as usize)
+                                                * wa.len
+                                                + iw as usize;
+                                            s += x[xi] as f64
+                                                * w[(oc * g.cg + c) * g.taps() + t] as f64;
+                                        }
+                                        t += 1;
+                                    }
+                                }
+                            }
+                        }
+                        y[((oc * d.out + od) * h.out + oh) * wa.out + ow] = s;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn out_len(len: usize, k: usize, s: usize, d: usize, p: (usize, usize)) -> usize {
+        (len + p.0 + p.1 - d * (k - 1) - 1) / s + 1
+    }
+
+    #[test]
+    fn matches_the_definition_on_odd_geometries() {
+        if !sgemm::available() {
+            return;
+        }
+        // (channels in, out, spatial dims, kernel, stride, dilation, padding)
+        type Case = (usize, usize, Vec<usize>, Vec<usize>, usize, usize, usize);
+        let cases: Vec<Case> = vec![
+            (3, 32, vec![17, 19], vec![3, 3], 1, 1, 1),
+            (5, 7, vec![9, 21], vec![3, 3], 2, 1, 1),
+            (4, 13, vec![11, 12], vec![5, 3], 3, 1, 2),
+            (6, 8, vec![10, 16], vec![3, 3], 1, 2, 2),
+            (2, 3, vec![30], vec![4], 1, 1, 0),
+            (3, 6, vec![4, 5, 9], vec![2, 3, 3], 1, 1, 1),
+            (8, 12, vec![8, 8], vec![1, 1], 2, 1, 0),
+            (3, 1, vec![7, 33], vec![3, 3], 1, 1, 1),
+        ];
+        for (i, (cg, og, dims, kernel, s, dil, pad)) in cases.into_iter().enumerate() {
+            let k = dims.len();
+            let out: Vec<usize> = (0..k)
+                .map(|a| out_len(dims[a], kernel[a], s, dil, (pad, pad)))
+                .collect();
+            let xs: Vec<usize> = [1, cg].into_iter().chain(dims.iter().copied()).collect();
+            let ws: Vec<usize> = [og, cg].into_iter().chain(kernel.iter().copied()).collect();
+            let ys: Vec<usize> = [1, og].into_iter().chain(out.iter().copied()).collect();
+            let (stride, dilation, padding) = (
+                vec![s as i64; k],
+                vec![dil as i64; k],
+                vec![(pad as i64, pad as i64); k],
+            );
+            let p = Params {
+                stride: &stride,
+                padding: &padding,
+                dilation: &dilation,
+                groups: 1,
+            };
+            let g = Geom::new(&xs, &ws, &ys, &p).unwrap();
+            let x = data(xs.iter().product(), i as u32 * 2 + 1);
+            let w = data(ws.iter().product(), i as u32 * 2 + 2);
+            let kk = cg * g.taps();
+            // SAFETY: w is og×kk, contiguous.
+            let pa = unsafe {
+                Packed::a(
+                    og,
+                    kk,
+                    Strided {
+                        ptr: w.as_ptr(),
+                        rs: kk as isize,
+                        cs: 1,
+                    },
+                )
+            };
+            let bias = data(og, i as u32 + 100);
+            let with_bias = i % 2 == 1;
+            let mut want = reference(&g, &x, &w);
+            if with_bias {
+                for (j, v) in want.iter_mut().enumerate() {
+                    *v += bias[j / g.out_plane()] as f64;
+                }
+            }
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; og * g.out_plane()];
+                let b = with_bias.then_some(&bias[..]);
+                conv_shifted(&g, &pa, &x, b, &mut y, threads);
+                for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "case {i} output {j}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Single-thread speed on the benchmark CNN's shapes:
+    /// `cargo test --release -p ember-cpu shifted_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn shifted_speed() {
+        if !sgemm::available() {
+            return;
+        }
+        for (cg, og, hw, s) in [
+            (3, 32, 64, 1),
+            (32, 32, 32, 1),
+            (64, 64, 16, 1),
+            (128, 128, 8, 1),
+            (64, 64, 56, 1),
+            (32, 64, 32, 2),
+        ] {
+            let out = out_len(hw, 3, s, 1, (1, 1));
+            let (xs, ws, ys) = ([1, cg, hw, hw], [og, cg, 3, 3], [1, og, out, out]);
+            let p = Params {
+                stride: &[s as i64, s as i64],
+                padding: &[(1, 1), (1, 1)],
+                dilation: &[1, 1],
+                groups: 1,
+            };
+            let g = Geom::new(&xs, &ws, &ys, &p).unwrap();
+            let x = data(xs.iter().product(), 1);
+            let w = data(ws.iter().product(), 2);
+            let kk = cg * 9;
+            // SAFETY: w is og×kk, contiguous.
+            let pa = unsafe {
+                Packed::a(
+                    og,
+                    kk,
+                    Strided {
+                        ptr: w.as_ptr(),
+                        rs: kk as isize,
+                        cs: 1,
+                    },
+                )
+            };
+            let mut y = vec![0.0f32; og * out * out];
+            let flop = 2.0 * (og * out * out * kk) as f64;
+            let mut best = f64::MAX;
+            for _ in 0..7 {
+                let t = std::time::Instant::now();
+                let n = (2e8 / flop).ceil() as usize;
+                for _ in 0..n {
+                    conv_shifted(&g, &pa, &x, None, &mut y, 1);
+                }
+                best = best.min(t.elapsed().as_secs_f64() / n as f64);
+            }
+            println!(
+                "{cg}->{og} {hw}x{hw} s{s}: {:.1} us {:.1} GFLOP/s",
+                best * 1e6,
+                flop / best / 1e9
+            );
+        }
+    }
+}
