@@ -50,11 +50,11 @@ struct Shared {
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
-/// A group's blocked pass into `dest` (after its head, if any, is in `dest`; `head` is then
-/// the value viewing it; `leaves[i]` is the value of leaf i, `None` for the head's leaf),
-/// prepared once per call: `all` runs it over the whole output;
-/// `range` over part of it, so a head kernel (conv) can run it on the outputs it has just
-/// written while they are still in cache.
+/// A group's blocked pass into `dest` (`head`, if any, is the value viewing `dest`, where
+/// the head kernel writes; `leaves[i]` is the value of leaf i, `None` for the head's leaf),
+/// prepared once per call: `all` runs it over the whole output, `range` over part of it,
+/// so a head kernel (conv) can run it on the outputs it has just written while they are
+/// still in cache.
 pub struct Pass<'a> {
     g: &'a Graph,
     grp: &'a Group,
@@ -66,8 +66,8 @@ pub struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    /// The pass of `grp` into `dest`, with operands as for `run`. The head's values are read
-    /// only when a range runs, so the head may be written into `dest` after this.
+    /// The pass of `grp` into `dest`. The head's values are read only when a range runs, so
+    /// the head may be written into `dest` after this.
     pub fn new(
         g: &'a Graph,
         grp: &'a Group,
