@@ -1,8 +1,9 @@
 //! Runtime dispatch to wider vectors. The wheel targets baseline x86-64 (SSE2), so hot loops
 //! are also compiled for AVX2 (8 f32 lanes instead of 4) and picked when the CPU has it.
 //! The arithmetic is the same IEEE operations in the same order (no FMA contraction), so
-//! results are bit for bit those of the SSE2 build. `EMBER_CPU_SIMD=0` (read once) turns the
-//! dispatch off, for comparisons.
+//! results are bit for bit those of the SSE2 build. (The f32 transcendental kernels of
+//! `elem::vecmath` and `sgemm` use FMA and are the exception.) `EMBER_CPU_SIMD=0` (read once)
+//! turns the dispatch off, for comparisons.
 
 use std::sync::OnceLock;
 
@@ -65,6 +66,20 @@ map_n!(map3, map3_base, map3_avx2, x: A, y: B, z: C);
 pub fn requested() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("EMBER_CPU_SIMD").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Whether AVX2 and FMA kernels may run (`sgemm`, `vecmath`): the CPU has both and
+/// `EMBER_CPU_SIMD` is not 0.
+pub fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| avx2_enabled() && std::arch::is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -126,6 +126,35 @@ pub fn map1<A: Copy, B: Copy + Send>(x: &View<A>, out: &mut [B], f: impl Fn(A) -
     });
 }
 
+/// As `map1` with a kernel over whole slices: `f(xs, outs)` maps each unit-stride run of x
+/// (strided runs are gathered into a small buffer first).
+pub fn map1_slices<A: Copy + Default, B: Copy + Send>(
+    x: &View<A>,
+    out: &mut [B],
+    f: impl Fn(&[A], &mut [B]) + Sync,
+) {
+    const GATHER: usize = 256;
+    let (shape, st) = coalesce(&x.shape, [&x.strides]);
+    chunked(out, |start, o| {
+        for_runs(&shape, &st, start, start + o.len(), |lin, [ox], len| {
+            let dst = &mut o[lin - start..lin - start + len];
+            let s = st[0].last().copied().unwrap_or(1);
+            if s == 1 {
+                f(x.run(ox, len), dst);
+            } else {
+                let mut buf = [A::default(); GATHER];
+                for (p, d) in dst.chunks_mut(GATHER).enumerate() {
+                    let first = ox + (p * GATHER) as isize * s;
+                    for (i, b) in buf[..d.len()].iter_mut().enumerate() {
+                        *b = x.at(first + i as isize * s);
+                    }
+                    f(&buf[..d.len()], d);
+                }
+            }
+        })
+    });
+}
+
 /// `out[i] = f(x[i], y[i])`; x and y have out's shape.
 pub fn map2<A: Copy, B: Copy, C: Copy + Send>(
     x: &View<A>,

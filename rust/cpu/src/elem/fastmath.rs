@@ -5,15 +5,61 @@
 
 // Coefficients are kept as published; the compiler rounds them to f32.
 #![allow(clippy::excessive_precision)]
-/// ln(2) split so that `n * LN2_HI` is exact for |n| < 2^9 (Cody–Waite range reduction).
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-/// Adding and subtracting 1.5·2^23 rounds an f32 of magnitude < 2^22 to an integer.
-const ROUND_MAGIC: f32 = 12_582_912.0;
-/// exp overflows above this and is below the smallest normal f32 beneath `EXP_MIN`.
-const EXP_MAX: f32 = 88.722_84;
-const EXP_MIN: f32 = -87.336_54;
+/// Constants shared with the vector kernels (`vecmath.rs`); polynomials highest degree first.
+pub(crate) mod consts {
+    #![allow(clippy::excessive_precision)]
+    /// ln(2) split so that `n * LN2_HI` is exact for |n| < 2^9 (Cody–Waite range reduction).
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// Adding and subtracting 1.5·2^23 rounds an f32 of magnitude < 2^22 to an integer.
+    pub const ROUND_MAGIC: f32 = 12_582_912.0;
+    /// exp overflows above this and is below the smallest normal f32 beneath `EXP_MIN`.
+    pub const EXP_MAX: f32 = 88.722_84;
+    pub const EXP_MIN: f32 = -87.336_54;
+    /// Minimax fit of (e^r - 1 - r) / r² for |r| ≤ ln2/2.
+    pub const EXP_POLY: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.000_000_1e-1,
+    ];
+    /// tanh(x) = x + x·z·p(z), z = x², for |x| < `TANH_SMALL`.
+    pub const TANH_POLY: [f32; 5] = [
+        -5.704_988_7e-3,
+        2.063_908_9e-2,
+        -5.373_971_6e-2,
+        1.333_144_2e-1,
+        -3.333_328_2e-1,
+    ];
+    pub const TANH_SMALL: f32 = 0.625;
+    /// erfc(z) = t·e^{-z² + p(t)}, t = 1/(1 + z/2) (Numerical Recipes' `erfcc`).
+    pub const ERFC_POLY: [f32; 10] = [
+        0.170_872_77,
+        -0.822_152_23,
+        1.488_515_9,
+        -1.135_203_98,
+        0.278_868_07,
+        -0.186_288_06,
+        0.096_784_18,
+        0.374_091_96,
+        1.000_023_7,
+        -1.265_512_2,
+    ];
+}
+use consts::*;
+
+/// p(t) by Horner's rule, highest coefficient first (unrolled: N is a constant).
+#[inline(always)]
+fn horner<const N: usize>(t: f32, coeffs: [f32; N]) -> f32 {
+    let mut p = coeffs[0];
+    for &k in &coeffs[1..] {
+        p = p * t + k;
+    }
+    p
+}
 
 /// e^x. Range reduction x = n·ln2 + r with |r| ≤ ln2/2, a degree-6 minimax polynomial for
 /// e^r, and 2^n built from the exponent bits. Results below the smallest normal flush to 0.
@@ -24,12 +70,7 @@ pub fn exp(x: f32) -> f32 {
     let n = k - ROUND_MAGIC;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
-    let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = horner(r, EXP_POLY);
     let er = p * r2 + r + 1.0;
     // 2^n for n in [-126, 128], in two factors so each stays a normal f32.
     // n as an integer, read from the mantissa of `k` (an `as i32` conversion would not
@@ -59,16 +100,12 @@ fn pow2(k: i32) -> f32 {
 pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let p = -5.704_988_7e-3_f32;
-    let p = p * z + 2.063_908_9e-2;
-    let p = p * z - 5.373_971_6e-2;
-    let p = p * z + 1.333_144_2e-1;
-    let p = p * z - 3.333_328_2e-1;
+    let p = horner(z, TANH_POLY);
     let small = x + x * z * p;
     let e = exp(2.0 * a);
     let large = 1.0 - 2.0 / (e + 1.0);
     let large = if x < 0.0 { -large } else { large };
-    if a < 0.625 {
+    if a < TANH_SMALL {
         small
     } else if x.is_nan() {
         x
@@ -90,16 +127,7 @@ pub fn sigmoid(x: f32) -> f32 {
 pub fn one_plus_erf(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
-    let p = 0.170_872_77_f32;
-    let p = p * t - 0.822_152_23;
-    let p = p * t + 1.488_515_9;
-    let p = p * t - 1.135_203_98;
-    let p = p * t + 0.278_868_07;
-    let p = p * t - 0.186_288_06;
-    let p = p * t + 0.096_784_18;
-    let p = p * t + 0.374_091_96;
-    let p = p * t + 1.000_023_7;
-    let p = p * t - 1.265_512_2;
+    let p = horner(t, ERFC_POLY);
     let erfc = t * exp(-z * z + p);
     // 1 + erf(x) = 2 - erfc(x) for x ≥ 0, and erfc(|x|) for x < 0.
     if x >= 0.0 {

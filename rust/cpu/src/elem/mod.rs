@@ -167,6 +167,7 @@ half_elem!(bf16, BF16);
 
 mod fastmath;
 mod math;
+pub mod vecmath;
 
 pub use math::{FloatElem, IntElem, Real};
 

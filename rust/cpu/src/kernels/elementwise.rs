@@ -10,9 +10,10 @@ use ember_core::ir::{BinaryOp, UnaryOp};
 use half::{bf16, f16};
 
 use crate::buffer::Val;
+use crate::elem::vecmath::{Fma, Kernel};
 use crate::elem::{Elem, FloatElem, IntElem, Real, B8};
 use crate::error::{CpuError, KResult};
-use crate::strided::{map1, map2, map3};
+use crate::strided::{map1, map1_slices, map2, map3};
 
 /// Receives a one-operand elementwise op as a closure over stored element types.
 pub trait Apply1 {
@@ -22,6 +23,8 @@ pub trait Apply1 {
         out: DType,
         f: impl Fn(A) -> B + Sync,
     ) -> KResult<Self::Out>;
+    /// An f32 → f32 op with a vector kernel (only offered where `fma` proves it runs).
+    fn apply_kernel(self, kernel: Kernel, fma: Fma) -> KResult<Self::Out>;
 }
 
 /// Receives a two-operand elementwise op.
@@ -63,6 +66,15 @@ impl Apply1 for OnVals<'_, 1> {
         let v = x.view::<A>()?;
         Val::build::<B>(out, x.shape(), |o| {
             map1(&v, o, f);
+            Ok(())
+        })
+    }
+
+    fn apply_kernel(self, kernel: Kernel, fma: Fma) -> KResult<Val> {
+        let [x] = self.0;
+        let v = x.view::<f32>()?;
+        Val::build::<f32>(DType::F32, x.shape(), |o| {
+            map1_slices(&v, o, |a, o| fma.run(kernel, a, o));
             Ok(())
         })
     }
@@ -140,6 +152,16 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
             k.apply(DType::Bool, |a: T| B8::new($f(a.load())))
         };
     }
+    // f32 transcendentals run a vector kernel where the CPU has one (`vecmath`); the
+    // closure is the same approximation element by element.
+    macro_rules! v {
+        ($kernel:expr, $f:expr) => {
+            match (T::DTYPE, Fma::detect()) {
+                (DType::F32, Some(fma)) => k.apply_kernel($kernel, fma),
+                _ => f!($f),
+            }
+        };
+    }
     let (zero, one) = (<T::C as Real>::ZERO, <T::C as Real>::ONE);
     let of = <T::C as Real>::of;
     use UnaryOp::*;
@@ -157,7 +179,7 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Ceil => f!(|c: T::C| c.ceil()),
         Round => f!(|c: T::C| c.round_even()),
         Trunc => f!(|c: T::C| c.trunc()),
-        Exp => f!(|c: T::C| c.fast_exp()),
+        Exp => v!(Kernel::Exp, |c: T::C| c.fast_exp()),
         Expm1 => f!(|c: T::C| c.exp_m1()),
         Log => f!(|c: T::C| c.ln()),
         Log1p => f!(|c: T::C| c.ln_1p()),
@@ -167,12 +189,14 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Sin => f!(|c: T::C| c.sin()),
         Cos => f!(|c: T::C| c.cos()),
         Tan => f!(|c: T::C| c.tan()),
-        Tanh => f!(|c: T::C| c.fast_tanh()),
-        Sigmoid => f!(|c: T::C| c.fast_sigmoid()),
+        Tanh => v!(Kernel::Tanh, |c: T::C| c.fast_tanh()),
+        Sigmoid => v!(Kernel::Sigmoid, |c: T::C| c.fast_sigmoid()),
         Erf => f!(|c: T::C| c.erf()),
         Gelu => {
             let (half, rs2) = (of(0.5), of(std::f64::consts::FRAC_1_SQRT_2));
-            f!(|c: T::C| c * half * (c * rs2).fast_one_plus_erf())
+            v!(Kernel::Gelu, |c: T::C| c
+                * half
+                * (c * rs2).fast_one_plus_erf())
         }
         GeluTanh => {
             let (half, k3, a) = (
@@ -180,9 +204,11 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
                 of((2.0 / std::f64::consts::PI).sqrt()),
                 of(0.044715),
             );
-            f!(|c: T::C| half * c * (one + (k3 * (c + a * c * c * c)).fast_tanh()))
+            v!(Kernel::GeluTanh, |c: T::C| half
+                * c
+                * (one + (k3 * (c + a * c * c * c)).fast_tanh()))
         }
-        Silu => f!(|c: T::C| c * c.fast_sigmoid()),
+        Silu => v!(Kernel::Silu, |c: T::C| c * c.fast_sigmoid()),
         Relu => f!(|c: T::C| if c < zero { zero } else { c }),
         Not => b!(|c: T::C| c == zero),
         IsNan => b!(|c: T::C| c.is_nan()),

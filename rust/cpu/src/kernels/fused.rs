@@ -13,6 +13,7 @@ use ember_core::ir::{Graph, Op};
 use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
 use crate::arena::Dest;
 use crate::buffer::Val;
+use crate::elem::vecmath::{Fma, Kernel};
 use crate::error::{CpuError, KResult};
 use crate::fuse::Group;
 use crate::par;
@@ -401,6 +402,12 @@ impl Apply1 for Block<1> {
     ) -> KResult<()> {
         let (x, o) = unsafe { (self.parts::<A>(0), self.out::<B>()) };
         simd::map1(x, o, f);
+        Ok(())
+    }
+
+    fn apply_kernel(self, kernel: Kernel, fma: Fma) -> KResult<()> {
+        let (x, o) = unsafe { (self.parts::<f32>(0), self.out::<f32>()) };
+        fma.run(kernel, x, o);
         Ok(())
     }
 }

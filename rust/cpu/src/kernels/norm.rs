@@ -7,6 +7,7 @@ use half::{bf16, f16};
 
 use super::{axis_last_perm, for_rows, unpermute};
 use crate::buffer::{Layout, Val};
+use crate::elem::vecmath::{Fma, Kernel};
 use crate::elem::{FloatElem, Real};
 use crate::error::{CpuError, KResult};
 use crate::simd;
@@ -46,8 +47,15 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
                 // exp once per element (a pure f32 loop, which vectorizes), then the sum in f64
                 // over independent lanes; half types sum the unrounded values.
                 let sum = if exact_store {
-                    for (d, &a) in out.iter_mut().zip(row) {
-                        *d = T::store((a.load() - m).fast_exp());
+                    match (as_f32(row), as_f32_mut(out), Fma::detect()) {
+                        (Some(row), Some(out), Some(fma)) => {
+                            fma.run_shifted(Kernel::Exp, row, out, m.f64() as f32)
+                        }
+                        _ => {
+                            for (d, &a) in out.iter_mut().zip(row) {
+                                *d = T::store((a.load() - m).fast_exp());
+                            }
+                        }
                     }
                     sum_lanes(out, |d| d.load().f64())
                 } else {
@@ -82,14 +90,32 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
 pub(crate) fn softmax_row_in_place<T: FloatElem<C = T> + Real>(row: &mut [T]) {
     simd::wide(|| {
         let m = row_max(row);
-        for x in row.iter_mut() {
-            *x = T::store((x.load() - m).fast_exp());
+        match (Fma::detect(), as_f32_mut(row)) {
+            (Some(fma), Some(row)) => fma.run_shifted_in_place(Kernel::Exp, row, m.f64() as f32),
+            _ => {
+                for x in row.iter_mut() {
+                    *x = T::store((x.load() - m).fast_exp());
+                }
+            }
         }
         let inv = 1.0 / sum_lanes(row, |d| d.load().f64());
         for d in row.iter_mut() {
             *d = T::store(<T as Real>::of(d.load().f64() * inv));
         }
     })
+}
+
+/// The slice as f32 when `T` is f32 (for the vector kernels).
+fn as_f32<T: FloatElem>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32 itself.
+    (T::DTYPE == DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+fn as_f32_mut<T: FloatElem>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: T is f32 itself.
+    (T::DTYPE == DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// Independent accumulators in the row loops: enough to hide add latency and fill vector

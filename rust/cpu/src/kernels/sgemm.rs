@@ -42,20 +42,7 @@ const PAR_MIN_STREAM: usize = 1 << 15;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA; `EMBER_CPU_SIMD=0` turns it off).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static ON: OnceLock<bool> = OnceLock::new();
-        *ON.get_or_init(|| {
-            crate::simd::requested()
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::simd::fma_available()
 }
 
 /// A strided f32 matrix: element (i, j) at `ptr + i·rs + j·cs`.
