@@ -77,6 +77,22 @@ impl Fma {
         }
     }
 
+    /// `out[i] = e^(x[i] - shift)`, returning Σ out[i] summed in f64 (softmax's
+    /// exponentials and their sum in one pass).
+    pub fn exp_shifted_sum(self, x: &[f32], out: &mut [f32], shift: f32) -> f64 {
+        let n = x.len().min(out.len());
+        // SAFETY: `self` proves AVX2+FMA; both slices hold n elements.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            x86::exp_sum(x.as_ptr(), out.as_mut_ptr(), n, shift)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (n, shift);
+            unreachable!("Fma is only detected on x86-64")
+        }
+    }
+
     /// `x[i] = kernel(x[i] - shift)`: softmax's exponentials in place.
     pub fn run_shifted_in_place(self, kernel: Kernel, x: &mut [f32], shift: f32) {
         // SAFETY: `self` proves AVX2+FMA; each vector is loaded before it is stored.
@@ -123,6 +139,56 @@ mod x86 {
         }
     }
 
+    /// As `run` with `exp`, also returning the sum of the results in f64.
+    ///
+    /// # Safety
+    /// AVX2+FMA; `x` readable and `out` writable for n elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sum(x: *const f32, out: *mut f32, n: usize, shift: f32) -> f64 {
+        let s = _mm256_set1_ps(shift);
+        let mut acc = [_mm256_setzero_pd(); 2];
+        let mut add = |v: __m256| {
+            acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        };
+        // SAFETY (whole body): every access is below n (the tail's lanes past n are masked).
+        unsafe {
+            let mut i = 0;
+            while i + 8 * UNROLL <= n {
+                let mut v = [_mm256_setzero_ps(); UNROLL];
+                for (k, v) in v.iter_mut().enumerate() {
+                    *v = exp(_mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8 * k)), s));
+                }
+                for (k, v) in v.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(i + 8 * k), *v);
+                    add(*v);
+                }
+                i += 8 * UNROLL;
+            }
+            while i < n {
+                let mask = tail_mask(n - i);
+                let v = exp(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), mask), s));
+                _mm256_maskstore_ps(out.add(i), mask, v);
+                add(_mm256_and_ps(v, _mm256_castsi256_ps(mask)));
+                i += 8;
+            }
+        }
+        let v = _mm256_add_pd(acc[0], acc[1]);
+        let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+        _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)))
+    }
+
+    /// Lanes below `left` (of 8) set.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn tail_mask(left: usize) -> __m256i {
+        let lanes = _mm256_set1_epi32(left.min(8) as i32);
+        _mm256_cmpgt_epi32(lanes, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    }
+
+    /// Vectors per step: independent chains for the out-of-order core to overlap.
+    const UNROLL: usize = 4;
+
     /// `out[i] = f(x[i] - shift)`; the last partial vector through masked loads and stores.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -136,17 +202,21 @@ mod x86 {
         // SAFETY (whole body): every access is below n (the tail's lanes past n are masked).
         unsafe {
             let mut i = 0;
-            while i + 16 <= n {
-                let a = _mm256_sub_ps(_mm256_loadu_ps(x.add(i)), shift);
-                let b = _mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8)), shift);
-                let (a, b) = (f(a), f(b));
-                _mm256_storeu_ps(out.add(i), a);
-                _mm256_storeu_ps(out.add(i + 8), b);
-                i += 16;
+            while i + 8 * UNROLL <= n {
+                let mut v = [_mm256_setzero_ps(); UNROLL];
+                for (k, v) in v.iter_mut().enumerate() {
+                    *v = _mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8 * k)), shift);
+                }
+                for v in v.iter_mut() {
+                    *v = f(*v);
+                }
+                for (k, v) in v.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(i + 8 * k), *v);
+                }
+                i += 8 * UNROLL;
             }
             while i < n {
-                let lanes = _mm256_set1_epi32((n - i).min(8) as i32);
-                let mask = _mm256_cmpgt_epi32(lanes, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                let mask = tail_mask(n - i);
                 let a = _mm256_sub_ps(_mm256_maskload_ps(x.add(i), mask), shift);
                 _mm256_maskstore_ps(out.add(i), mask, f(a));
                 i += 8;
@@ -376,6 +446,32 @@ mod tests {
                     assert!(rel < 3e-6, "{k:?}({xi}) = {got} vs {exact}");
                 }
             }
+        }
+    }
+
+    /// The fused exp-and-sum pass writes the exp kernel's bits and their f64 sum.
+    #[test]
+    fn exp_shifted_sum_matches_exp_and_a_serial_sum() {
+        let Some(fma) = Fma::detect() else {
+            return;
+        };
+        for n in [0, 1, 7, 8, 31, 32, 33, 100, 517] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37) % 101) as f32 * 0.11 - 5.0)
+                .collect();
+            let mut want = vec![0f32; n];
+            fma.run_shifted(Kernel::Exp, &x, &mut want, 3.0);
+            let mut got = vec![f32::NAN; n];
+            let sum = fma.exp_shifted_sum(&x, &mut got, 3.0);
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            let serial: f64 = want.iter().map(|&v| v as f64).sum();
+            assert!(
+                (sum - serial).abs() <= 1e-12 * serial.max(1.0),
+                "{n}: {sum} vs {serial}"
+            );
         }
     }
 
