@@ -29,6 +29,20 @@ def test_rms_norm(backend):
     )
 
 
+def test_row_wise_kernels_overwrite_reused_buffers(backend):
+    """Softmax over the last axis, log-softmax, layer norm and RMS norm write into buffers
+    reused from the previous call (or into the caller's output): the second call, on new
+    values, must overwrite every element."""
+    w, b = rand(33), rand(33)
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.layer_norm(x, (33,), w, b)
+        s = torch.softmax(h * 2, dim=-1) + torch.softmax(h, dim=0)
+        return F.rms_norm(s + x, (33,), w), torch.log_softmax(x, dim=-1)
+
+    check(f, [rand(7, 33) * 3 + 10], backend, new_inputs=[rand(7, 33) - 5], **TOL)
+
+
 def test_layer_norm_module_noncontiguous(backend):
     ln = torch.nn.LayerNorm(5)
     check(lambda x: ln(x.transpose(1, 2)), [rand(2, 5, 3)], backend, **TOL)

@@ -1,9 +1,10 @@
 //! Buffer reuse: buffers freed after their last use go to a free list keyed by size, and the
-//! kernels that overwrite every element of their output (fused elementwise, `dot`) take
-//! their output from it instead of allocating. An arena serves one call at a time (concurrent
-//! calls take different arenas) and is kept for the next call, so a model called repeatedly
-//! stops allocating, zeroing and page-faulting its intermediates; `end_call` drops buffers
-//! the last call did not use, so changing shapes do not pile up memory.
+//! kernels that overwrite every element of their output (fused elementwise, `dot`, conv,
+//! concat, softmax and the norms) take their output from it instead of allocating. An arena
+//! serves one call at a time (concurrent calls take different arenas) and is kept for the
+//! next call, so a model called repeatedly stops allocating, zeroing and page-faulting its
+//! intermediates; `end_call` drops buffers the last call did not use, so changing shapes do
+//! not pile up memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -154,6 +154,12 @@ pub fn execute(
                     .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
+            (Role::Plain, op) if writes_rows_into(op, plan.shapes[id].len()) => {
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                rows_into(node, &vals, &mut dest)
+                    .and_then(|()| dest.finish())
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             _ => eval(prog, plan, id, node, &vals, threads)
                 .map_err(|e| e.at_node(&node.op.name(), &node.origin))?,
         };
@@ -211,6 +217,55 @@ fn value(vals: &[Option<Val>], i: usize) -> KResult<&Val> {
     vals[i]
         .as_ref()
         .ok_or_else(|| CpuError::Internal(format!("value %{i} is gone")))
+}
+
+/// Row-wise kernels that write a contiguous result of their input's shape into an arena
+/// buffer (no fresh zeroed allocation, and page faults, per call): the norms, and softmax
+/// over the last axis.
+fn writes_rows_into(op: &Op, rank: usize) -> bool {
+    match op {
+        Op::Softmax { axis, .. } => *axis + 1 == rank,
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => true,
+        _ => false,
+    }
+}
+
+fn rows_into(node: &Node, vals: &[Option<Val>], dest: &mut Dest) -> KResult<()> {
+    let x = value(vals, node.inputs[0])?;
+    match &node.op {
+        Op::Softmax { log, .. } => norm::softmax_last_into(x, *log, dest),
+        Op::LayerNorm { axis, eps, .. } => {
+            norm::layer_norm_into(x, *axis, *eps, norm_params(node, vals)?, dest)
+        }
+        Op::RmsNorm { axis, eps, .. } => {
+            norm::rms_norm_into(x, *axis, *eps, norm_params(node, vals)?.0, dest)
+        }
+        op => Err(CpuError::Internal(format!("{} is not row-wise", op.name()))),
+    }
+}
+
+/// A norm's weight and bias (inputs 1 and 2 when present).
+fn norm_params<'v>(
+    node: &Node,
+    vals: &'v [Option<Val>],
+) -> KResult<(Option<&'v Val>, Option<&'v Val>)> {
+    let (has_weight, has_bias) = match node.op {
+        Op::LayerNorm {
+            has_weight,
+            has_bias,
+            ..
+        } => (has_weight, has_bias),
+        Op::RmsNorm { has_weight, .. } => (has_weight, false),
+        _ => (false, false),
+    };
+    let arg = |k: usize| value(vals, node.inputs[k]).map(Some);
+    let w = if has_weight { arg(1)? } else { None };
+    let b = if has_bias {
+        arg(1 + has_weight as usize)?
+    } else {
+        None
+    };
+    Ok((w, b))
 }
 
 /// A fused group: its head's product first (into the output), then the blocked pass.
@@ -409,27 +464,12 @@ fn eval(
         Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),
         Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
         Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
-        Op::LayerNorm {
-            axis,
-            eps,
-            has_weight,
-            has_bias,
-        } => {
-            let w = if *has_weight { Some(arg(1)?) } else { None };
-            let b = if *has_bias {
-                Some(arg(1 + *has_weight as usize)?)
-            } else {
-                None
-            };
+        Op::LayerNorm { axis, eps, .. } => {
+            let (w, b) = norm_params(node, vals)?;
             norm::layer_norm(arg(0)?, *axis, *eps, w, b)
         }
-        Op::RmsNorm {
-            axis,
-            eps,
-            has_weight,
-        } => {
-            let w = if *has_weight { Some(arg(1)?) } else { None };
-            norm::rms_norm(arg(0)?, *axis, *eps, w)
+        Op::RmsNorm { axis, eps, .. } => {
+            norm::rms_norm(arg(0)?, *axis, *eps, norm_params(node, vals)?.0)
         }
         Op::Attention {
             scale,

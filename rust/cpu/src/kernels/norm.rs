@@ -7,7 +7,8 @@ use ember_core::dtype::DType;
 use half::{bf16, f16};
 
 use super::{axis_last_perm, for_rows, unpermute};
-use crate::buffer::{Layout, Val};
+use crate::arena::Dest;
+use crate::buffer::{Layout, Val, View};
 use crate::elem::vecmath::{Fma, Kernel};
 use crate::elem::{FloatElem, Real};
 use crate::error::{CpuError, KResult};
@@ -38,52 +39,82 @@ fn softmax_t<T: FloatElem>(x: &Val, axis: usize, log: bool) -> KResult<Val> {
     }
     let perm = axis_last_perm(rank, axis);
     let v = x.view::<T>()?.permuted(&perm);
-    // f16/bf16 store e^x rounded, so they compute it again for the final product (one
-    // rounding, as before); f32/f64 store it exactly and read it back.
-    let exact_store = std::mem::size_of::<T>() == std::mem::size_of::<T::C>();
     let out = Val::build::<T>(T::DTYPE, &v.shape.clone(), |o| {
-        for_rows(&v, o, |row, out| {
-            simd::wide(|| {
-                let m = row_max(row);
-                // exp once per element (a pure f32 loop, which vectorizes), then the sum in f64
-                // over independent lanes; half types sum the unrounded values.
-                let sum = if exact_store {
-                    match (as_f32(row), as_f32_mut(out), Fma::detect()) {
-                        (Some(row), Some(out), Some(fma)) => {
-                            fma.exp_shifted_sum(row, out, m.f64() as f32)
-                        }
-                        _ => {
-                            for (d, &a) in out.iter_mut().zip(row) {
-                                *d = T::store((a.load() - m).fast_exp());
-                            }
-                            sum_lanes(out, |d| d.load().f64())
-                        }
-                    }
-                } else {
-                    sum_lanes(row, |a| (a.load() - m).fast_exp().f64())
-                };
-                if log {
-                    let lse = <T::C as Real>::of(sum.ln());
-                    for (d, &a) in out.iter_mut().zip(row) {
-                        *d = T::store(a.load() - m - lse);
-                    }
-                } else if exact_store {
-                    let inv = 1.0 / sum;
-                    for d in out.iter_mut() {
-                        *d = T::store(<T::C as Real>::of(d.load().f64() * inv));
-                    }
-                } else {
-                    let inv = 1.0 / sum;
-                    for (d, &a) in out.iter_mut().zip(row) {
-                        let e = (a.load() - m).fast_exp();
-                        *d = T::store(<T::C as Real>::of(e.f64() * inv));
-                    }
-                }
-            })
-        });
+        softmax_rows(&v, o, log);
         Ok(())
     })?;
     unpermute(out, &perm)
+}
+
+/// Softmax over the last axis, written straight into `dest` (x's shape).
+pub fn softmax_last_into(x: &Val, log: bool, dest: &mut Dest) -> KResult<()> {
+    float_dispatch!(x.dtype, softmax_last_into_t, x, log, dest)
+}
+
+fn softmax_last_into_t<T: FloatElem>(x: &Val, log: bool, dest: &mut Dest) -> KResult<()> {
+    check_dest(x, dest)?;
+    softmax_rows(&x.view::<T>()?, dest.slice::<T>()?, log);
+    Ok(())
+}
+
+/// The rows of `o` (row-major over v's shape) get the softmax of v's last-axis rows.
+fn softmax_rows<T: FloatElem>(v: &View<T>, o: &mut [T], log: bool) {
+    // f16/bf16 store e^x rounded, so they compute it again for the final product (one
+    // rounding, as before); f32/f64 store it exactly and read it back.
+    let exact_store = std::mem::size_of::<T>() == std::mem::size_of::<T::C>();
+    for_rows(v, o, |row, out| {
+        simd::wide(|| {
+            let m = row_max(row);
+            // exp once per element (a pure f32 loop, which vectorizes), then the sum in f64
+            // over independent lanes; half types sum the unrounded values.
+            let sum = if exact_store {
+                match (as_f32(row), as_f32_mut(out), Fma::detect()) {
+                    (Some(row), Some(out), Some(fma)) => {
+                        fma.exp_shifted_sum(row, out, m.f64() as f32)
+                    }
+                    _ => {
+                        for (d, &a) in out.iter_mut().zip(row) {
+                            *d = T::store((a.load() - m).fast_exp());
+                        }
+                        sum_lanes(out, |d| d.load().f64())
+                    }
+                }
+            } else {
+                sum_lanes(row, |a| (a.load() - m).fast_exp().f64())
+            };
+            if log {
+                let lse = <T::C as Real>::of(sum.ln());
+                for (d, &a) in out.iter_mut().zip(row) {
+                    *d = T::store(a.load() - m - lse);
+                }
+            } else if exact_store {
+                let inv = 1.0 / sum;
+                for d in out.iter_mut() {
+                    *d = T::store(<T::C as Real>::of(d.load().f64() * inv));
+                }
+            } else {
+                let inv = 1.0 / sum;
+                for (d, &a) in out.iter_mut().zip(row) {
+                    let e = (a.load() - m).fast_exp();
+                    *d = T::store(<T::C as Real>::of(e.f64() * inv));
+                }
+            }
+        })
+    });
+}
+
+/// `dest` must have x's shape (a norm's output).
+fn check_dest(x: &Val, dest: &Dest) -> KResult<()> {
+    if dest.shape != x.shape() || dest.dtype != x.dtype {
+        return Err(CpuError::Internal(format!(
+            "norm output {:?} {} for input {:?} {}",
+            dest.shape,
+            dest.dtype,
+            x.shape(),
+            x.dtype
+        )));
+    }
+    Ok(())
 }
 
 /// In-place softmax of one f32/f64 row, as the softmax op computes it (a row of -inf
@@ -213,48 +244,80 @@ fn layer_norm_t<T: FloatElem>(
     weight: Option<&Val>,
     bias: Option<&Val>,
 ) -> KResult<Val> {
+    Val::build::<T>(T::DTYPE, x.shape(), |o| {
+        layer_norm_rows(x, axis, eps, (weight, bias), o)
+    })
+}
+
+/// Layer norm written straight into `dest` (x's shape).
+pub fn layer_norm_into(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    params: (Option<&Val>, Option<&Val>),
+    dest: &mut Dest,
+) -> KResult<()> {
+    float_dispatch!(x.dtype, layer_norm_into_t, x, axis, eps, params, dest)
+}
+
+fn layer_norm_into_t<T: FloatElem>(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    params: (Option<&Val>, Option<&Val>),
+    dest: &mut Dest,
+) -> KResult<()> {
+    check_dest(x, dest)?;
+    layer_norm_rows::<T>(x, axis, eps, params, dest.slice::<T>()?)
+}
+
+fn layer_norm_rows<T: FloatElem>(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    (weight, bias): (Option<&Val>, Option<&Val>),
+    o: &mut [T],
+) -> KResult<()> {
     let (rows, n) = as_rows(x, axis)?;
     let (w, b) = (param::<T::C>(weight, n)?, param::<T::C>(bias, n)?);
     let v = rows.view::<T>()?;
-    Val::build::<T>(T::DTYPE, x.shape(), |o| {
-        for_rows(&v, o, |row, out| {
-            simd::wide(|| {
-                // Statistics in f64; the output pass in the compute type (8 f32 lanes where
-                // f64 has 4), with the mean split in two so that x - mean loses nothing to
-                // the mean's rounding when |mean| is much larger than the deviation.
-                let mean = sum_lanes(row, |a| a.to_f64()) / n as f64;
-                let var = sum_lanes(row, |a| (a.to_f64() - mean).powi(2)) / n as f64;
-                let rstd = <T::C as Real>::of(1.0 / (var + eps).sqrt());
-                let hi = <T::C as Real>::of(mean);
-                let lo = <T::C as Real>::of(mean - hi.f64());
-                let norm = |a: T| (a.load() - hi - lo) * rstd;
-                // One loop per parameter combination, so none branches per element.
-                match (&w, &b) {
-                    (Some(w), Some(b)) => {
-                        for (((d, &a), &w), &b) in out.iter_mut().zip(row).zip(w).zip(b) {
-                            *d = T::store(norm(a) * w + b);
-                        }
-                    }
-                    (Some(w), None) => {
-                        for ((d, &a), &w) in out.iter_mut().zip(row).zip(w) {
-                            *d = T::store(norm(a) * w);
-                        }
-                    }
-                    (None, Some(b)) => {
-                        for ((d, &a), &b) in out.iter_mut().zip(row).zip(b) {
-                            *d = T::store(norm(a) + b);
-                        }
-                    }
-                    (None, None) => {
-                        for (d, &a) in out.iter_mut().zip(row) {
-                            *d = T::store(norm(a));
-                        }
+    for_rows(&v, o, |row, out| {
+        simd::wide(|| {
+            // Statistics in f64; the output pass in the compute type (8 f32 lanes where
+            // f64 has 4), with the mean split in two so that x - mean loses nothing to
+            // the mean's rounding when |mean| is much larger than the deviation.
+            let mean = sum_lanes(row, |a| a.to_f64()) / n as f64;
+            let var = sum_lanes(row, |a| (a.to_f64() - mean).powi(2)) / n as f64;
+            let rstd = <T::C as Real>::of(1.0 / (var + eps).sqrt());
+            let hi = <T::C as Real>::of(mean);
+            let lo = <T::C as Real>::of(mean - hi.f64());
+            let norm = |a: T| (a.load() - hi - lo) * rstd;
+            // One loop per parameter combination, so none branches per element.
+            match (&w, &b) {
+                (Some(w), Some(b)) => {
+                    for (((d, &a), &w), &b) in out.iter_mut().zip(row).zip(w).zip(b) {
+                        *d = T::store(norm(a) * w + b);
                     }
                 }
-            })
-        });
-        Ok(())
-    })
+                (Some(w), None) => {
+                    for ((d, &a), &w) in out.iter_mut().zip(row).zip(w) {
+                        *d = T::store(norm(a) * w);
+                    }
+                }
+                (None, Some(b)) => {
+                    for ((d, &a), &b) in out.iter_mut().zip(row).zip(b) {
+                        *d = T::store(norm(a) + b);
+                    }
+                }
+                (None, None) => {
+                    for (d, &a) in out.iter_mut().zip(row) {
+                        *d = T::store(norm(a));
+                    }
+                }
+            }
+        })
+    });
+    Ok(())
 }
 
 pub fn rms_norm(x: &Val, axis: usize, eps: f64, weight: Option<&Val>) -> KResult<Val> {
@@ -262,29 +325,61 @@ pub fn rms_norm(x: &Val, axis: usize, eps: f64, weight: Option<&Val>) -> KResult
 }
 
 fn rms_norm_t<T: FloatElem>(x: &Val, axis: usize, eps: f64, weight: Option<&Val>) -> KResult<Val> {
+    Val::build::<T>(T::DTYPE, x.shape(), |o| {
+        rms_norm_rows(x, axis, eps, weight, o)
+    })
+}
+
+/// RMS norm written straight into `dest` (x's shape).
+pub fn rms_norm_into(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    weight: Option<&Val>,
+    dest: &mut Dest,
+) -> KResult<()> {
+    float_dispatch!(x.dtype, rms_norm_into_t, x, axis, eps, weight, dest)
+}
+
+fn rms_norm_into_t<T: FloatElem>(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    weight: Option<&Val>,
+    dest: &mut Dest,
+) -> KResult<()> {
+    check_dest(x, dest)?;
+    rms_norm_rows::<T>(x, axis, eps, weight, dest.slice::<T>()?)
+}
+
+fn rms_norm_rows<T: FloatElem>(
+    x: &Val,
+    axis: usize,
+    eps: f64,
+    weight: Option<&Val>,
+    o: &mut [T],
+) -> KResult<()> {
     let (rows, n) = as_rows(x, axis)?;
     let w = param::<T::C>(weight, n)?;
     let v = rows.view::<T>()?;
-    Val::build::<T>(T::DTYPE, x.shape(), |o| {
-        for_rows(&v, o, |row, out| {
-            simd::wide(|| {
-                // The mean square in f64, the output pass in the compute type.
-                let ms = sum_lanes(row, |a| a.to_f64().powi(2)) / n as f64;
-                let r = <T::C as Real>::of(1.0 / (ms + eps).sqrt());
-                match &w {
-                    Some(w) => {
-                        for ((d, &a), &w) in out.iter_mut().zip(row).zip(w) {
-                            *d = T::store(a.load() * r * w);
-                        }
-                    }
-                    None => {
-                        for (d, &a) in out.iter_mut().zip(row) {
-                            *d = T::store(a.load() * r);
-                        }
+    for_rows(&v, o, |row, out| {
+        simd::wide(|| {
+            // The mean square in f64, the output pass in the compute type.
+            let ms = sum_lanes(row, |a| a.to_f64().powi(2)) / n as f64;
+            let r = <T::C as Real>::of(1.0 / (ms + eps).sqrt());
+            match &w {
+                Some(w) => {
+                    for ((d, &a), &w) in out.iter_mut().zip(row).zip(w) {
+                        *d = T::store(a.load() * r * w);
                     }
                 }
-            })
-        });
-        Ok(())
-    })
+                None => {
+                    for (d, &a) in out.iter_mut().zip(row) {
+                        *d = T::store(a.load() * r);
+                    }
+                }
+            }
+        })
+    });
+    Ok(())
 }
