@@ -464,13 +464,9 @@ fn eval(
         Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),
         Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
         Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
-        Op::LayerNorm { axis, eps, .. } => {
-            let (w, b) = norm_params(node, vals)?;
-            norm::layer_norm(arg(0)?, *axis, *eps, w, b)
-        }
-        Op::RmsNorm { axis, eps, .. } => {
-            norm::rms_norm(arg(0)?, *axis, *eps, norm_params(node, vals)?.0)
-        }
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => Err(CpuError::Internal(
+            "norms are written into a destination (`rows_into`)".into(),
+        )),
         Op::Attention {
             scale,
             causal,

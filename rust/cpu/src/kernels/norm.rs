@@ -227,28 +227,6 @@ fn param<C: Real>(p: Option<&Val>, n: usize) -> KResult<Option<Vec<C>>> {
     })
 }
 
-pub fn layer_norm(
-    x: &Val,
-    axis: usize,
-    eps: f64,
-    weight: Option<&Val>,
-    bias: Option<&Val>,
-) -> KResult<Val> {
-    float_dispatch!(x.dtype, layer_norm_t, x, axis, eps, weight, bias)
-}
-
-fn layer_norm_t<T: FloatElem>(
-    x: &Val,
-    axis: usize,
-    eps: f64,
-    weight: Option<&Val>,
-    bias: Option<&Val>,
-) -> KResult<Val> {
-    Val::build::<T>(T::DTYPE, x.shape(), |o| {
-        layer_norm_rows(x, axis, eps, (weight, bias), o)
-    })
-}
-
 /// Layer norm written straight into `dest` (x's shape).
 pub fn layer_norm_into(
     x: &Val,
@@ -318,16 +296,6 @@ fn layer_norm_rows<T: FloatElem>(
         })
     });
     Ok(())
-}
-
-pub fn rms_norm(x: &Val, axis: usize, eps: f64, weight: Option<&Val>) -> KResult<Val> {
-    float_dispatch!(x.dtype, rms_norm_t, x, axis, eps, weight)
-}
-
-fn rms_norm_t<T: FloatElem>(x: &Val, axis: usize, eps: f64, weight: Option<&Val>) -> KResult<Val> {
-    Val::build::<T>(T::DTYPE, x.shape(), |o| {
-        rms_norm_rows(x, axis, eps, weight, o)
-    })
 }
 
 /// RMS norm written straight into `dest` (x's shape).
