@@ -89,13 +89,16 @@ def test_group_and_instance_norm(backend):
 @pytest.mark.parametrize("ceil_mode", [False, True])
 def test_max_pool(ceil_mode, backend):
     check(
-        lambda x, y, z: (
+        lambda x, y, z, w: (
             F.max_pool2d(x, 3, 2, 1, ceil_mode=ceil_mode),
             F.max_pool2d(x, (3, 2), (2, 1), (1, 0), dilation=(2, 1), ceil_mode=ceil_mode),
             F.max_pool1d(y, 4, 3, 2, ceil_mode=ceil_mode),
             F.max_pool3d(z, 2, ceil_mode=ceil_mode),
+            # Wide rows: most outputs take the vectorized interior path, every phase used.
+            F.max_pool1d(w, 5, 3, 2, dilation=2, ceil_mode=ceil_mode),
+            F.max_pool2d(w.unsqueeze(2), (1, 3), (1, 2), (0, 1), ceil_mode=ceil_mode),
         ),
-        [rand(2, 3, 9, 8), rand(2, 3, 13), rand(1, 2, 5, 6, 7)],
+        [rand(2, 3, 9, 8), rand(2, 3, 13), rand(1, 2, 5, 6, 7), rand(2, 3, 71)],
         backend,
     )
 

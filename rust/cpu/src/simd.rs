@@ -82,8 +82,9 @@ pub fn fma_available() -> bool {
     }
 }
 
+/// Whether AVX2 copies of hot loops run: the CPU has AVX2 and `EMBER_CPU_SIMD` is not 0.
 #[cfg(target_arch = "x86_64")]
-fn avx2_enabled() -> bool {
+pub fn avx2_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| requested() && std::arch::is_x86_feature_detected!("avx2"))
 }
@@ -96,7 +97,7 @@ unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
 
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(dead_code)]
-fn avx2_enabled() -> bool {
+pub fn avx2_enabled() -> bool {
     false
 }
 

@@ -10,7 +10,7 @@ use super::window::{size, three, Axis};
 use crate::buffer::Val;
 use crate::elem::Real;
 use crate::error::{CpuError, KResult};
-use crate::par;
+use crate::{par, simd};
 
 pub struct Params<'a> {
     pub kind: PoolKind,
@@ -104,6 +104,11 @@ fn plane_rows<T: Real>(
     padded: &[Vec<usize>],
 ) {
     if matches!(kind, PoolKind::Max) {
+        #[cfg(target_arch = "x86_64")]
+        if simd::avx2_enabled() {
+            // SAFETY: the CPU supports AVX2 (checked at run time).
+            return unsafe { max_plane_avx2(a, xp, yp, taps) };
+        }
         return max_plane(a, xp, yp, taps);
     }
     let w = a[2];
@@ -147,37 +152,154 @@ fn plane_rows<T: Real>(
     }
 }
 
+/// `max_plane` compiled for AVX2: 8 lanes, and three-operand selects (the SSE2 build
+/// spends as many moves as selects).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_plane_avx2<T: Real>(
+    a: &[Axis; 3],
+    xp: &[T],
+    yp: &mut [T],
+    taps: &[Vec<(usize, usize)>],
+) {
+    max_plane(a, xp, yp, taps)
+}
+
 /// Max pooling of one plane, an output row at a time: the input rows under the window are
 /// first reduced elementwise (contiguous, so it vectorizes), then the window slides along
-/// that one row. Max is order-free, so this equals the per-tap loop; NaN wins, as in torch.
+/// that one row. Outputs whose whole window lies in the row (all but the edges) take one
+/// tap at a time across all of them: with the reduced row split into `stride` phases
+/// (phase r holds elements r, r + stride, …), a tap reads consecutive elements for
+/// consecutive outputs, so that loop vectorizes too (a per-output loop over the taps is a
+/// serial chain of selects). Max is order-free, so this equals the per-tap loop; NaN wins,
+/// as in torch.
+#[inline(always)]
 fn max_plane<T: Real>(a: &[Axis; 3], xp: &[T], yp: &mut [T], taps: &[Vec<(usize, usize)>]) {
     let w = a[2];
+    let s = w.stride;
+    let plen = w.len.div_ceil(s);
     let mut rowmax = vec![-T::INF; w.len];
-    // A select, not a branch: on real data the comparison is unpredictable.
-    let pick = |m: T, v: T| if (v > m) | v.is_nan() { v } else { m };
+    let mut spare = vec![-T::INF; w.len.max(w.out)];
+    let mut phases = if s > 1 {
+        vec![-T::INF; s * plen]
+    } else {
+        Vec::new()
+    };
+    let full = |ow: &usize| taps[2][*ow] == (0, w.kernel);
+    let lo = (0..w.out).find(full).unwrap_or(0);
+    let hi = (0..w.out).rfind(full).map_or(0, |ow| ow + 1);
     for od in 0..a[0].out {
         for oh in 0..a[1].out {
             let (ti, tj) = (taps[0][od], taps[1][oh]);
-            rowmax.fill(-T::INF);
-            for i in ti.0..ti.1 {
+            let rows = (ti.0..ti.1).flat_map(|i| {
                 let id = od * a[0].stride + i * a[0].dilation - a[0].pad;
-                for j in tj.0..tj.1 {
+                (tj.0..tj.1).map(move |j| {
                     let ih = oh * a[1].stride + j * a[1].dilation - a[1].pad;
-                    let xr = &xp[(id * a[1].len + ih) * w.len..][..w.len];
-                    for (m, &v) in rowmax.iter_mut().zip(xr) {
-                        *m = pick(*m, v);
-                    }
-                }
-            }
+                    &xp[(id * a[1].len + ih) * w.len..][..w.len]
+                })
+            });
+            max_into(rows, &mut rowmax, &mut spare);
             let row = &mut yp[(od * a[1].out + oh) * w.out..][..w.out];
-            for (ow, y) in row.iter_mut().enumerate() {
+            for ow in (0..lo).chain(hi..w.out) {
                 let (l0, l1) = taps[2][ow];
-                let start = ow * w.stride;
+                let start = ow * s;
                 let mut m = -T::INF;
                 for l in l0..l1 {
                     m = pick(m, rowmax[start + l * w.dilation - w.pad]);
                 }
-                *y = m;
+                row[ow] = m;
+            }
+            if lo >= hi {
+                continue;
+            }
+            let src = if s == 1 {
+                &rowmax
+            } else {
+                deinterleave(&rowmax, s, plen, &mut phases);
+                &phases
+            };
+            // Tap l of output lo + t is element lo·s + l·dilation - pad + t·s.
+            let runs = (0..w.kernel).map(|l| {
+                let first = lo * s + l * w.dilation - w.pad;
+                &src[(first % s) * plen + first / s..][..hi - lo]
+            });
+            max_into(runs, &mut row[lo..hi], &mut spare);
+        }
+    }
+}
+
+/// NaN-sticky max: `v` when it is larger or NaN. A select, not a branch: on real data the
+/// comparison is unpredictable.
+#[inline(always)]
+fn pick<T: Real>(m: T, v: T) -> T {
+    if (v > m) | v.is_nan() {
+        v
+    } else {
+        m
+    }
+}
+
+/// `out[i]` = the max (`pick`) of `src[i]` over the slices of `srcs` (each at least as
+/// long as `out`; none: -inf). Every step writes a buffer it does not read (ping-pong with
+/// `spare`, at least as long as `out`): a select stored back over its own input becomes a
+/// masked store under AVX2, microcoded on AMD and twice as slow as SSE2 overall.
+#[inline(always)]
+fn max_into<'a, T: Real + 'a>(
+    mut srcs: impl Iterator<Item = &'a [T]>,
+    out: &mut [T],
+    spare: &mut [T],
+) {
+    let n = out.len();
+    let spare = &mut spare[..n];
+    let Some(first) = srcs.next() else {
+        out.fill(-T::INF);
+        return;
+    };
+    let Some(second) = srcs.next() else {
+        out.copy_from_slice(&first[..n]);
+        return;
+    };
+    let both = |d: &mut [T], x: &[T], y: &[T]| {
+        for ((d, &x), &y) in d.iter_mut().zip(x).zip(y) {
+            *d = pick(x, y);
+        }
+    };
+    both(out, first, second);
+    let mut in_out = true;
+    for src in srcs {
+        if in_out {
+            both(spare, out, src);
+        } else {
+            both(out, spare, src);
+        }
+        in_out = !in_out;
+    }
+    if !in_out {
+        out.copy_from_slice(spare);
+    }
+}
+
+/// Splits `src` into `s` phases of `plen` elements in `dst`: phase r holds `src[r]`,
+/// `src[r + s]`, …. Strides 2 and 3 (the common pools) get loops the compiler unrolls.
+#[inline(always)]
+fn deinterleave<T: Copy>(src: &[T], s: usize, plen: usize, dst: &mut [T]) {
+    fn fixed<T: Copy, const S: usize>(src: &[T], plen: usize, dst: &mut [T]) {
+        let whole = src.len() / S;
+        for (q, c) in src.chunks_exact(S).enumerate() {
+            for r in 0..S {
+                dst[r * plen + q] = c[r];
+            }
+        }
+        for (r, &v) in src[whole * S..].iter().enumerate() {
+            dst[r * plen + whole] = v;
+        }
+    }
+    match s {
+        2 => fixed::<T, 2>(src, plen, dst),
+        3 => fixed::<T, 3>(src, plen, dst),
+        _ => {
+            for (i, &v) in src.iter().enumerate() {
+                dst[(i % s) * plen + i / s] = v;
             }
         }
     }

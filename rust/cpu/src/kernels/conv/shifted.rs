@@ -122,17 +122,26 @@ impl Layout {
                         out[lead + n..].fill(0.0);
                         continue;
                     }
+                    let s = w.stride;
                     for (phi, part) in out.chunks_mut(self.phase).enumerate() {
                         if !used_phase[phi] {
                             continue;
                         }
-                        for (q, v) in part.iter_mut().enumerate() {
-                            let iw = (q * w.stride + phi) as isize - w.pad as isize;
-                            *v = if iw >= 0 && (iw as usize) < w.len {
-                                src[iw as usize]
-                            } else {
-                                0.0
-                            };
+                        // Column q of this phase is input q·s + phi - pad: columns q0..q1
+                        // are inside the row, the rest padding. (A per-column bounds test
+                        // made this fill a third of a stride-2 conv.)
+                        let q0 = w.pad.saturating_sub(phi).div_ceil(s).min(part.len());
+                        let q1 = (w.len + w.pad)
+                            .saturating_sub(phi)
+                            .div_ceil(s)
+                            .clamp(q0, part.len());
+                        part[..q0].fill(0.0);
+                        part[q1..].fill(0.0);
+                        if q0 < q1 {
+                            let first = q0 * s + phi - w.pad;
+                            for (v, c) in part[q0..q1].iter_mut().zip(src[first..].chunks(s)) {
+                                *v = c[0];
+                            }
                         }
                     }
                 }
@@ -218,15 +227,19 @@ pub fn conv_shifted(
                 .max(1),
         };
         let work = |bi: usize| {
-            let pairs_here = bi * block..((bi + 1) * block).min(pairs);
+            let (first, end) = (2 * bi * block, (2 * (bi + 1) * block).min(vectors));
             for p in 0..panels {
                 let rows = MR.min(g.og - p * MR);
-                for pair in pairs_here.clone() {
-                    let v0 = vector(g, lay, 2 * pair);
-                    let v1 = (2 * pair + 1 < vectors).then(|| vector(g, lay, 2 * pair + 1));
+                let per = vectors_per_tile(rows);
+                for at in (first..end).step_by(per) {
+                    let n = per.min(end - at);
+                    let mut vs = [vector(g, lay, at); MAX_VECTORS];
+                    for (j, v) in vs.iter_mut().enumerate().take(n).skip(1) {
+                        *v = vector(g, lay, at + j);
+                    }
                     // SAFETY: the padded copy holds every input any tap of these vectors
                     // reads (`Layout`); the panel holds cg·taps steps of MR; the outputs lie
-                    // inside y (rows of op), and this pair's vectors belong to this task.
+                    // inside y (rows of op), and these vectors belong to this task.
                     unsafe {
                         x86::dispatch(
                             rows,
@@ -236,7 +249,7 @@ pub fn conv_shifted(
                                 taps: &lay.taps,
                             },
                             buf.as_ptr(),
-                            [Some(v0), v1],
+                            &vs[..n],
                             pa.left_panel(p).as_ptr(),
                             &starts[p * MR..(p + 1) * MR],
                             out.0.add(p * MR * op),
@@ -260,6 +273,22 @@ pub fn conv_shifted(
     });
 }
 
+/// Most vectors one tile call takes.
+const MAX_VECTORS: usize = 4;
+
+/// Vectors per tile call for a panel of `rows` output channels: enough accumulators
+/// (rows × vectors) to cover the FMA latency (two pipes × ~5 cycles on the AMD and Intel
+/// cores we target), within the 16 vector registers (accumulators + loaded vectors + one
+/// broadcast). A full panel takes a pair (12 accumulators); the last panel of a channel
+/// count that is not a multiple of 6 (2 rows for 32 channels) would otherwise sit at 4.
+fn vectors_per_tile(rows: usize) -> usize {
+    match rows {
+        1 | 2 => 4,
+        3 => 3,
+        _ => 2,
+    }
+}
+
 /// The steps of k of one conv: every tap of every input channel.
 struct Steps<'a> {
     channels: usize,
@@ -274,7 +303,7 @@ mod x86 {
     use crate::kernels::sgemm::MR;
     use std::arch::x86_64::*;
 
-    /// Runs the tile for `rows` (1..=MR) output channels and one or two vectors.
+    /// Runs the tile for `rows` (1..=MR) output channels and `v` (1..=4) vectors.
     ///
     /// # Safety
     /// AVX2 and FMA present; `x` holds every input the vectors' taps read; `a` holds
@@ -286,41 +315,41 @@ mod x86 {
         rows: usize,
         k: Steps,
         x: *const f32,
-        v: [Option<Vector>; 2],
+        v: &[Vector],
         a: *const f32,
         start: &[f32],
         y: *mut f32,
         ldc: usize,
     ) {
-        let Some(v0) = v[0] else { return };
         macro_rules! go {
-            ($r:literal) => {
-                match v[1] {
-                    Some(v1) => tile::<$r, 2>(k, x, [v0, v1], a, start, y, ldc),
-                    None => tile::<$r, 1>(k, x, [v0, v0], a, start, y, ldc),
+            ($r:literal, $($n:literal)+) => {
+                match v.len() {
+                    $($n => tile::<$r, $n>(k, x, std::array::from_fn(|j| v[j]), a, start, y, ldc),)+
+                    _ => {}
                 }
             };
         }
-        // SAFETY: by the contract.
+        // SAFETY: by the contract. (`vectors_per_tile` picks the counts each row count
+        // gets; only those are instantiated.)
         unsafe {
             match rows {
-                1 => go!(1),
-                2 => go!(2),
-                3 => go!(3),
-                4 => go!(4),
-                5 => go!(5),
-                _ => go!(6),
+                1 => go!(1, 1 2 3 4),
+                2 => go!(2, 1 2 3 4),
+                3 => go!(3, 1 2 3),
+                4 => go!(4, 1 2),
+                5 => go!(5, 1 2),
+                _ => go!(6, 1 2),
             }
         }
     }
 
-    /// `R` output channels × `V` vectors (of `v`), accumulated over every step of k.
+    /// `R` output channels × `V` vectors, accumulated over every step of k.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::needless_range_loop)] // `r` and `j` index the accumulators
     unsafe fn tile<const R: usize, const V: usize>(
         k: Steps,
         x: *const f32,
-        v: [Vector; 2],
+        v: [Vector; V],
         a: *const f32,
         start: &[f32],
         y: *mut f32,
@@ -333,13 +362,16 @@ mod x86 {
             for r in 0..R {
                 acc[r] = [_mm256_set1_ps(start[r]); V];
             }
-            let shift = v[1].input as isize - v[0].input as isize;
+            // Each vector's inputs sit at a fixed distance from the first one's.
+            let mut shift = [0isize; V];
+            for j in 0..V {
+                shift[j] = v[j].input as isize - v[0].input as isize;
+            }
             let mut a = a;
             let mut step = |p: *const f32, a: *const f32| {
                 let mut b = [_mm256_setzero_ps(); V];
-                b[0] = _mm256_loadu_ps(p);
-                if V > 1 {
-                    b[V - 1] = _mm256_loadu_ps(p.offset(shift));
+                for j in 0..V {
+                    b[j] = _mm256_loadu_ps(p.offset(shift[j]));
                 }
                 for r in 0..R {
                     let s = _mm256_broadcast_ss(&*a.add(r));
@@ -392,7 +424,7 @@ mod x86 {
         _rows: usize,
         _k: Steps,
         _x: *const f32,
-        _v: [Option<Vector>; 2],
+        _v: &[Vector],
         _a: *const f32,
         _start: &[f32],
         _y: *mut f32,
@@ -482,6 +514,9 @@ mod tests {
             (3, 6, vec![4, 5, 9], vec![2, 3, 3], 1, 1, 1),
             (8, 12, vec![8, 8], vec![1, 1], 2, 1, 0),
             (3, 1, vec![7, 33], vec![3, 3], 1, 1, 1),
+            // Padding wider than the stride: each phase starts with its own zeros.
+            (2, 4, vec![7, 23], vec![5, 5], 2, 1, 3),
+            (3, 9, vec![6, 29], vec![3, 4], 3, 2, 4),
         ];
         for (i, (cg, og, dims, kernel, s, dil, pad)) in cases.into_iter().enumerate() {
             let k = dims.len();
