@@ -48,6 +48,9 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
             pad: size(p.padding[i], "padding")?,
         });
     }
+    if axes.iter().any(|a| a.stride == 0 || a.dilation == 0) {
+        return Err(CpuError::Shape(format!("pool{k}d with a zero stride or dilation")));
+    }
     let a = three(&axes)?;
     let ip: usize = a.iter().map(|a| a.len).product();
     let op: usize = a.iter().map(|a| a.out).product();
