@@ -49,7 +49,9 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
         });
     }
     if axes.iter().any(|a| a.stride == 0 || a.dilation == 0) {
-        return Err(CpuError::Shape(format!("pool{k}d with a zero stride or dilation")));
+        return Err(CpuError::Shape(format!(
+            "pool{k}d with a zero stride or dilation"
+        )));
     }
     let a = three(&axes)?;
     let ip: usize = a.iter().map(|a| a.len).product();
