@@ -633,4 +633,74 @@ mod tests {
             }
         }
     }
+
+    /// Speed on the benchmark models' products, 1 and 2 threads (best of batches):
+    /// `cargo test --release -p ember-cpu sgemm_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn sgemm_speed() {
+        if !available() {
+            return;
+        }
+        let pool = std::sync::Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        for &(m, n, k) in &[
+            (32, 1024, 256),
+            (32, 1024, 1024),
+            (32, 256, 1024),
+            (64, 688, 256),
+            (64, 256, 688),
+        ] {
+            let (a, b) = (data(m * k, 1), data(k * n, 2));
+            let sa = Strided {
+                ptr: a.as_ptr(),
+                rs: k as isize,
+                cs: 1,
+            };
+            let sb = Strided {
+                ptr: b.as_ptr(),
+                rs: n as isize,
+                cs: 1,
+            };
+            // SAFETY: b addresses k×n elements.
+            let pb = unsafe { Packed::b(k, n, sb) };
+            let mut c = vec![0.0f32; m * n];
+            let flop = 2.0 * (m * n * k) as f64;
+            let mut line = format!("{m}x{n}x{k}:");
+            for threads in [1, 2] {
+                let mut best = f64::MAX;
+                for _ in 0..9 {
+                    let reps = (3e8 / flop).ceil() as usize;
+                    let t = std::time::Instant::now();
+                    // As a program with a GEMM runs: inside the pool (`Mode::Pool`).
+                    pool.install(|| {
+                        for _ in 0..reps {
+                            // SAFETY: c holds m×n; the operands address their shapes.
+                            unsafe {
+                                sgemm(
+                                    (m, n, k),
+                                    Operand::Strided(sa),
+                                    Operand::Packed(&pb),
+                                    c.as_mut_ptr(),
+                                    n,
+                                    threads,
+                                )
+                            }
+                        }
+                    });
+                    best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+                line += &format!(
+                    "  {threads} thr {:.1} us {:.0} GFLOP/s",
+                    best * 1e6,
+                    flop / best / 1e9
+                );
+            }
+            println!("{line}");
+        }
+    }
 }
