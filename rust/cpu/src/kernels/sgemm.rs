@@ -197,10 +197,17 @@ unsafe fn pack_a(dst: &mut [f32], rows: usize, k: usize, src: Strided, threads: 
                     for p in 0..k {
                         *out.add(p * MR + r) = 0.0;
                     }
-                    continue;
-                }
-                for p in 0..k {
-                    *out.add(p * MR + r) = *src.at(r0 + r, p);
+                } else if src.cs == 1 {
+                    // Rows of a row-major matrix: a contiguous read per row (computing each
+                    // element's address made this pack ~15 % of a narrow product's time).
+                    let row = std::slice::from_raw_parts(src.at(r0 + r, 0), k);
+                    for (p, &v) in row.iter().enumerate() {
+                        *out.add(p * MR + r) = v;
+                    }
+                } else {
+                    for p in 0..k {
+                        *out.add(p * MR + r) = *src.at(r0 + r, p);
+                    }
                 }
             }
         }
@@ -599,6 +606,13 @@ mod tests {
                 rs: 1,
                 cs: k as isize,
             };
+            // a given transposed too: its pack reads a column per row.
+            let at: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+            let sat = Strided {
+                ptr: at.as_ptr(),
+                rs: 1,
+                cs: m as isize,
+            };
             // SAFETY: the operands address exactly these shapes.
             let (pa, pb) = unsafe { (Packed::a(m, k, sa), Packed::b(k, n, sb)) };
             let forms = [
@@ -607,6 +621,7 @@ mod tests {
                 (Operand::Packed(&pa), Operand::Strided(sb)),
                 (Operand::Strided(sa), Operand::Packed(&pb)),
                 (Operand::Packed(&pa), Operand::Packed(&pb)),
+                (Operand::Strided(sat), Operand::Packed(&pb)),
             ];
             for (f, (oa, ob)) in forms.into_iter().enumerate() {
                 for threads in [1, 2] {
