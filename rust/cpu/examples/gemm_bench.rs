@@ -1,13 +1,15 @@
 //! f32 matrix products on the benchmark models' shapes: the `gemm` crate vs Ember's `sgemm`
 //! (activations packed per call, the weight packed once), medians of many calls in µs and
-//! GFLOP/s, on 1 and 2 threads.
+//! GFLOP/s, on 1 and 2 threads, each inside a pool of that size as programs with a GEMM run
+//! (measured on the caller's thread with the pool as helpers, the 2-thread numbers only
+//! showed how late a sleeping helper wakes).
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
-use ember_cpu::internals::{gemm_into, with_helpers, Mat};
+use ember_cpu::internals::{gemm_into, Mat};
 
 fn median_us(mut f: impl FnMut()) -> f64 {
     for _ in 0..20 {
@@ -81,37 +83,43 @@ fn main() {
                     unsafe { gemm_into(&mut c, n, (m, n, k), ma, mb, threads) }
                 })
             });
-            let sa = Strided {
-                ptr: a.as_ptr(),
+            // Inside the pool, as a program with a GEMM runs (`Mode::Pool`); the operands are
+            // rebuilt from addresses there, since `install` needs a Send closure.
+            let (ca, cb, cc) = (pa, pb, c.as_mut_ptr() as usize);
+            let sa = move || Strided {
+                ptr: ca as *const f32,
                 rs: k as isize,
                 cs: 1,
             };
-            let sb = Strided {
-                ptr: b.as_ptr(),
+            let sb = move || Strided {
+                ptr: cb as *const f32,
                 rs: n as isize,
                 cs: 1,
             };
             let own_us = median_us(|| {
-                with_helpers(&pool, threads, || unsafe {
+                // SAFETY: a, b, c hold m×k, k×n, m×n elements.
+                pool.install(|| unsafe {
                     sgemm::sgemm(
                         (m, n, k),
-                        Operand::Strided(sa),
-                        Operand::Strided(sb),
-                        c.as_mut_ptr(),
+                        Operand::Strided(sa()),
+                        Operand::Strided(sb()),
+                        cc as *mut f32,
                         n,
                         threads,
                     )
                 })
             });
             // SAFETY: b holds k×n elements.
-            let pb = unsafe { Packed::b(k, n, sb) };
+            let packed = unsafe { Packed::b(k, n, sb()) };
+            let packed = &packed;
             let packed_us = median_us(|| {
-                with_helpers(&pool, threads, || unsafe {
+                // SAFETY: as above.
+                pool.install(|| unsafe {
                     sgemm::sgemm(
                         (m, n, k),
-                        Operand::Strided(sa),
-                        Operand::Packed(&pb),
-                        c.as_mut_ptr(),
+                        Operand::Strided(sa()),
+                        Operand::Packed(packed),
+                        cc as *mut f32,
                         n,
                         threads,
                     )
