@@ -277,8 +277,8 @@ pub fn conv_shifted(
 const MAX_VECTORS: usize = 4;
 
 /// Vectors per tile call for a panel of `rows` output channels: enough accumulators
-/// (rows × vectors) to cover the FMA latency (two pipes × ~5 cycles on the AMD and Intel
-/// cores we target), within the 16 vector registers (accumulators + loaded vectors + one
+/// (rows × vectors) to cover the FMA latency (two pipes × 4–5 cycles on the AMD and
+/// Intel cores we target), within the 16 vector registers (accumulators + loaded vectors + one
 /// broadcast). A full panel takes a pair (12 accumulators); the last panel of a channel
 /// count that is not a multiple of 6 (2 rows for 32 channels) would otherwise sit at 4.
 fn vectors_per_tile(rows: usize) -> usize {
@@ -290,6 +290,7 @@ fn vectors_per_tile(rows: usize) -> usize {
 }
 
 /// The steps of k of one conv: every tap of every input channel.
+#[derive(Clone, Copy)]
 struct Steps<'a> {
     channels: usize,
     /// Floats per channel of the padded copy.
@@ -325,12 +326,13 @@ mod x86 {
             ($r:literal, $($n:literal)+) => {
                 match v.len() {
                     $($n => tile::<$r, $n>(k, x, std::array::from_fn(|j| v[j]), a, start, y, ldc),)+
-                    _ => {}
+                    // A count not instantiated for this row count: one vector at a time.
+                    _ => v.iter().for_each(|&vj| tile::<$r, 1>(k, x, [vj], a, start, y, ldc)),
                 }
             };
         }
         // SAFETY: by the contract. (`vectors_per_tile` picks the counts each row count
-        // gets; only those are instantiated.)
+        // gets; only those are instantiated, any other runs vector by vector.)
         unsafe {
             match rows {
                 1 => go!(1, 1 2 3 4),
