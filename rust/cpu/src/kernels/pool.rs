@@ -86,6 +86,10 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
         let planes = y.len() / op;
         let per = planes.div_ceil(par::threads() * 4).max(1);
         par::for_chunks_mut(y, per * op, |start, ys| {
+            if matches!(p.kind, PoolKind::Max) {
+                let first = start / op;
+                return max_planes(&a, &xv[first * ip..(first + ys.len() / op) * ip], ys, &taps);
+            }
             for (i, yp) in ys.chunks_mut(op).enumerate() {
                 let plane = start / op + i;
                 let xp = &xv[plane * ip..(plane + 1) * ip];
@@ -99,7 +103,7 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
 /// One plane, an output row (fixed od, oh) at a time: each tap row in bounds is swept across
 /// the row's outputs, so the inner loop is a strided pass with no per-element tap search.
 /// Per output, values combine in the same (tap) order as a per-element loop would, so
-/// averages round identically. Max pooling goes to `max_plane`.
+/// averages round identically. (Max pooling runs `max_planes`.)
 fn plane_rows<T: Real>(
     kind: PoolKind,
     a: &[Axis; 3],
@@ -108,14 +112,6 @@ fn plane_rows<T: Real>(
     taps: &[Vec<(usize, usize)>],
     padded: &[Vec<usize>],
 ) {
-    if matches!(kind, PoolKind::Max) {
-        #[cfg(target_arch = "x86_64")]
-        if simd::avx2_enabled() {
-            // SAFETY: the CPU supports AVX2 (checked at run time).
-            return unsafe { max_plane_avx2(a, xp, yp, taps) };
-        }
-        return max_plane(a, xp, yp, taps);
-    }
     let w = a[2];
     for od in 0..a[0].out {
         for oh in 0..a[1].out {
@@ -157,17 +153,58 @@ fn plane_rows<T: Real>(
     }
 }
 
-/// `max_plane` compiled for AVX2: 8 lanes, and three-operand selects (the SSE2 build
+/// Max pooling of consecutive planes (`xs`: their inputs, `ys`: their outputs), in an
+/// AVX2 copy where the CPU has it: 8 lanes, and three-operand selects (the SSE2 build
 /// spends as many moves as selects).
+fn max_planes<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(usize, usize)>]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2_enabled() {
+        // SAFETY: the CPU supports AVX2 (checked at run time).
+        return unsafe { max_planes_avx2(a, xs, ys, taps) };
+    }
+    max_planes_here(a, xs, ys, taps)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn max_plane_avx2<T: Real>(
+unsafe fn max_planes_avx2<T: Real>(
     a: &[Axis; 3],
-    xp: &[T],
-    yp: &mut [T],
+    xs: &[T],
+    ys: &mut [T],
     taps: &[Vec<(usize, usize)>],
 ) {
-    max_plane(a, xp, yp, taps)
+    max_planes_here(a, xs, ys, taps)
+}
+
+/// The planes one at a time, sharing the row buffers (allocated once per chunk, not per
+/// plane).
+#[inline(always)]
+fn max_planes_here<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(usize, usize)>]) {
+    let w = a[2];
+    let ip: usize = a.iter().map(|a| a.len).product();
+    let op: usize = a.iter().map(|a| a.out).product();
+    let mut bufs = RowBuffers {
+        rowmax: vec![-T::INF; w.len],
+        spare: vec![-T::INF; w.len.max(w.out)],
+        phases: vec![
+            -T::INF;
+            if w.stride > 1 {
+                w.len.next_multiple_of(w.stride)
+            } else {
+                0
+            }
+        ],
+    };
+    for (yp, xp) in ys.chunks_mut(op).zip(xs.chunks(ip)) {
+        max_plane(a, xp, yp, taps, &mut bufs);
+    }
+}
+
+/// Scratch rows of `max_plane`: the reduced row, a spare for ping-pong, the phase split.
+struct RowBuffers<T> {
+    rowmax: Vec<T>,
+    spare: Vec<T>,
+    phases: Vec<T>,
 }
 
 /// Max pooling of one plane, an output row at a time: the input rows under the window are
@@ -179,17 +216,21 @@ unsafe fn max_plane_avx2<T: Real>(
 /// serial chain of selects). Max is order-free, so this equals the per-tap loop; NaN wins,
 /// as in torch.
 #[inline(always)]
-fn max_plane<T: Real>(a: &[Axis; 3], xp: &[T], yp: &mut [T], taps: &[Vec<(usize, usize)>]) {
+fn max_plane<T: Real>(
+    a: &[Axis; 3],
+    xp: &[T],
+    yp: &mut [T],
+    taps: &[Vec<(usize, usize)>],
+    bufs: &mut RowBuffers<T>,
+) {
     let w = a[2];
     let s = w.stride;
     let plen = w.len.div_ceil(s);
-    let mut rowmax = vec![-T::INF; w.len];
-    let mut spare = vec![-T::INF; w.len.max(w.out)];
-    let mut phases = if s > 1 {
-        vec![-T::INF; s * plen]
-    } else {
-        Vec::new()
-    };
+    let RowBuffers {
+        rowmax,
+        spare,
+        phases,
+    } = bufs;
     let full = |ow: &usize| taps[2][*ow] == (0, w.kernel);
     let lo = (0..w.out).find(full).unwrap_or(0);
     let hi = (0..w.out).rfind(full).map_or(0, |ow| ow + 1);
@@ -203,7 +244,7 @@ fn max_plane<T: Real>(a: &[Axis; 3], xp: &[T], yp: &mut [T], taps: &[Vec<(usize,
                     &xp[(id * a[1].len + ih) * w.len..][..w.len]
                 })
             });
-            max_into(rows, &mut rowmax, &mut spare);
+            max_into(rows, rowmax, spare);
             let row = &mut yp[(od * a[1].out + oh) * w.out..][..w.out];
             for ow in (0..lo).chain(hi..w.out) {
                 let (l0, l1) = taps[2][ow];
@@ -217,18 +258,18 @@ fn max_plane<T: Real>(a: &[Axis; 3], xp: &[T], yp: &mut [T], taps: &[Vec<(usize,
             if lo >= hi {
                 continue;
             }
-            let src = if s == 1 {
-                &rowmax
+            let src: &[T] = if s == 1 {
+                rowmax
             } else {
-                deinterleave(&rowmax, s, plen, &mut phases);
-                &phases
+                deinterleave(rowmax, s, plen, phases);
+                phases
             };
             // Tap l of output lo + t is element lo·s + l·dilation - pad + t·s.
             let runs = (0..w.kernel).map(|l| {
                 let first = lo * s + l * w.dilation - w.pad;
                 &src[(first % s) * plen + first / s..][..hi - lo]
             });
-            max_into(runs, &mut row[lo..hi], &mut spare);
+            max_into(runs, &mut row[lo..hi], spare);
         }
     }
 }
