@@ -1,15 +1,14 @@
 //! f32 matrix products on the benchmark models' shapes: the `gemm` crate vs Ember's `sgemm`
 //! (activations packed per call, the weight packed once), medians of many calls in µs and
-//! GFLOP/s, on 1 and 2 threads, each inside a pool of that size as programs with a GEMM run
-//! (measured on the caller's thread with the pool as helpers, the 2-thread numbers only
-//! showed how late a sleeping helper wakes).
+//! GFLOP/s, on 1 and 2 threads. Each runs as programs run it: the `gemm` crate inside a
+//! rayon pool of that size, `sgemm` on the caller's thread with Ember's spinning helpers.
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
-use ember_cpu::internals::{gemm_into, Mat};
+use ember_cpu::internals::{gemm_into, with_helpers, Helpers, Mat};
 
 fn median_us(mut f: impl FnMut()) -> f64 {
     for _ in 0..20 {
@@ -83,43 +82,42 @@ fn main() {
                     unsafe { gemm_into(&mut c, n, (m, n, k), ma, mb, threads) }
                 })
             });
-            // Inside the pool, as a program with a GEMM runs (`Mode::Pool`); the operands are
-            // rebuilt from addresses there, since `install` needs a Send closure.
-            let (ca, cb, cc) = (pa, pb, c.as_mut_ptr() as usize);
-            let sa = move || Strided {
-                ptr: ca as *const f32,
+            // On the caller's thread with the helpers, as f32 programs run (`Mode::Caller`).
+            let helpers = Helpers::for_threads(threads);
+            let sa = Strided {
+                ptr: a.as_ptr(),
                 rs: k as isize,
                 cs: 1,
             };
-            let sb = move || Strided {
-                ptr: cb as *const f32,
+            let sb = Strided {
+                ptr: b.as_ptr(),
                 rs: n as isize,
                 cs: 1,
             };
+            let cc = c.as_mut_ptr();
             let own_us = median_us(|| {
                 // SAFETY: a, b, c hold m×k, k×n, m×n elements.
-                pool.install(|| unsafe {
+                with_helpers(&helpers, threads, || unsafe {
                     sgemm::sgemm(
                         (m, n, k),
-                        Operand::Strided(sa()),
-                        Operand::Strided(sb()),
-                        cc as *mut f32,
+                        Operand::Strided(sa),
+                        Operand::Strided(sb),
+                        cc,
                         n,
                         threads,
                     )
                 })
             });
             // SAFETY: b holds k×n elements.
-            let packed = unsafe { Packed::b(k, n, sb()) };
-            let packed = &packed;
+            let packed = unsafe { Packed::b(k, n, sb) };
             let packed_us = median_us(|| {
                 // SAFETY: as above.
-                pool.install(|| unsafe {
+                with_helpers(&helpers, threads, || unsafe {
                     sgemm::sgemm(
                         (m, n, k),
-                        Operand::Strided(sa()),
-                        Operand::Packed(packed),
-                        cc as *mut f32,
+                        Operand::Strided(sa),
+                        Operand::Packed(&packed),
+                        cc,
                         n,
                         threads,
                     )

@@ -30,7 +30,7 @@ pub use error::CpuError;
 pub mod internals {
     pub use crate::kernels::dot::{gemm_into, Mat};
     pub use crate::kernels::sgemm;
-    pub use crate::par::with_helpers;
+    pub use crate::par::{with_helpers, Helpers};
 }
 
 use arena::Arena;
@@ -46,6 +46,7 @@ pub struct CpuBackend {
     num_threads: usize,
     fuse: bool,
     pool: Arc<rayon::ThreadPool>,
+    helpers: Arc<par::Helpers>,
 }
 
 impl CpuBackend {
@@ -62,6 +63,7 @@ impl CpuBackend {
             num_threads,
             fuse,
             pool: Arc::new(pool),
+            helpers: par::Helpers::for_threads(num_threads),
         }
     }
 
@@ -95,6 +97,7 @@ impl Backend for CpuBackend {
         Ok(Box::new(CpuExecutable {
             program: Program::new(graph, weights, self.fuse)?,
             pool: self.pool.clone(),
+            helpers: self.helpers.clone(),
             threads: self.num_threads,
             arenas: Mutex::new(Vec::new()),
         }))
@@ -132,6 +135,7 @@ impl Backend for CpuBackend {
 pub struct CpuExecutable {
     program: Program,
     pool: Arc<rayon::ThreadPool>,
+    helpers: Arc<par::Helpers>,
     threads: usize,
     arenas: Mutex<Vec<Arena>>,
 }
@@ -191,7 +195,7 @@ impl Executable for CpuExecutable {
             Ok(())
         };
         let result = match mode {
-            compile::Mode::Caller => par::with_helpers(&self.pool, self.threads, work),
+            compile::Mode::Caller => par::with_helpers(&self.helpers, self.threads, work),
             compile::Mode::Pool => self.pool.install(work),
         };
         arena.end_call();

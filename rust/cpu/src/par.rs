@@ -1,38 +1,156 @@
 //! Parallel loops over numbered chunks of work.
 //!
-//! A call whose kernels are all light (elementwise, norms, reductions) runs on the caller's
-//! thread, and each parallel loop *offers* its chunks to the pool's idle threads: the caller
-//! claims chunks from a shared counter itself, helpers woken from the pool claim what is left
-//! when they arrive, and the caller waits only for chunks a helper has actually started. A
-//! helper that wakes late (a busy machine) finds nothing left and leaves, so it never delays the
-//! call — unlike `ThreadPool::install` plus a rayon split, which costs two thread hand-offs per
-//! call and waits for every worker (measured: ≈ 15–20 µs of a 30 µs `x * 2` on [64, 512]).
-//! Calls with heavy kernels (GEMM, conv, attention) run inside the pool, where these loops
-//! fall back to rayon's own work splitting.
+//! A call whose kernels are all Ember's own runs on the caller's thread, and each parallel
+//! loop *offers* its chunks to [`Helpers`]: the caller claims chunks from a shared counter
+//! itself, helpers claim what is left when they arrive, and the caller waits only for chunks
+//! a helper has actually started. A helper that arrives late (a busy machine) finds nothing
+//! left and leaves, so it never delays the call — unlike `ThreadPool::install` plus a rayon
+//! split, which costs two thread hand-offs per call and waits for every worker (measured:
+//! ≈ 15–20 µs of a 30 µs `x * 2` on [64, 512]).
+//!
+//! Helpers wait for the next loop by spinning for a while ([`spin_window`]) before they
+//! sleep, as ONNX Runtime's and OpenMP's workers do: a program's steps are often 10–50 µs,
+//! and waking a sleeping thread costs about that much again (a one-token decode step ran
+//! its matrix-vector products slower on two threads than on one). Calls whose products the
+//! `gemm` crate computes run inside a rayon pool instead, where these loops fall back to
+//! rayon's own work splitting.
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use rayon::ThreadPool;
 
 thread_local! {
-    /// The pool (and its size) that loops on this thread may ask for help.
-    static HELPERS: RefCell<Option<(Arc<ThreadPool>, usize)>> = const { RefCell::new(None) };
+    /// The helpers (and the thread count) that loops on this thread may use.
+    static HELPERS: RefCell<Option<(Arc<Helpers>, usize)>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` on this thread with `pool` available to its parallel loops.
-pub fn with_helpers<R>(pool: &Arc<ThreadPool>, threads: usize, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<(Arc<ThreadPool>, usize)>);
+/// Threads that take chunks of the loops offered to them.
+pub struct Helpers {
+    shared: Arc<Shared>,
+    threads: Vec<Thread>,
+}
+
+struct Shared {
+    /// The loop offered last (helpers take it when `epoch` moves).
+    job: Mutex<Option<Arc<Job>>>,
+    epoch: AtomicU64,
+    /// Per helper: asleep (or about to be), so an offer must wake it.
+    asleep: Vec<AtomicBool>,
+}
+
+/// How long an idle helper spins for the next loop before it sleeps: `EMBER_CPU_SPIN_US`
+/// microseconds (read once; 0 sleeps at once, for machines shared with other work), else
+/// 1 ms — longer than the gaps between a program's steps and between back-to-back calls.
+pub fn spin_window() -> Duration {
+    static WINDOW: OnceLock<Duration> = OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        let us = std::env::var("EMBER_CPU_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(1000);
+        Duration::from_micros(us)
+    })
+}
+
+impl Helpers {
+    /// The process's helpers for calls on `threads` threads (`threads - 1` helper threads,
+    /// started on first use and shared by every program of that thread count). An OS that
+    /// refuses threads leaves fewer helpers; loops then run on fewer threads.
+    pub fn for_threads(threads: usize) -> Arc<Helpers> {
+        type ByThreads = Vec<(usize, Arc<Helpers>)>;
+        static ALL: OnceLock<Mutex<ByThreads>> = OnceLock::new();
+        let mut all = ALL
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some((_, h)) = all.iter().find(|(t, _)| *t == threads) {
+            return h.clone();
+        }
+        let n = threads.saturating_sub(1);
+        let shared = Arc::new(Shared {
+            job: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            asleep: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        });
+        let mut started = Vec::new();
+        for k in 0..n {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("ember-helper-{k}"))
+                .spawn(move || helper_loop(&s, k));
+            match spawned {
+                Ok(handle) => started.push(handle.thread().clone()),
+                Err(_) => break,
+            }
+        }
+        let h = Arc::new(Helpers {
+            shared,
+            threads: started,
+        });
+        all.push((threads, h.clone()));
+        h
+    }
+
+    /// Hands `job` to every helper, waking those asleep.
+    fn offer(&self, job: &Arc<Job>) {
+        *self.shared.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
+        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
+        for (k, t) in self.threads.iter().enumerate() {
+            if self.shared.asleep[k].load(Ordering::SeqCst) {
+                t.unpark();
+            }
+        }
+    }
+}
+
+fn helper_loop(shared: &Shared, k: usize) {
+    let mut seen = shared.epoch.load(Ordering::SeqCst);
+    loop {
+        // Spin until a new loop is offered or the window passes, then sleep until woken.
+        let mut idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let epoch = shared.epoch.load(Ordering::SeqCst);
+            if epoch != seen {
+                seen = epoch;
+                break;
+            }
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && idle_since.elapsed() >= spin_window() {
+                // `asleep` is set before the epoch is read again: an offer either sees it
+                // and unparks (a parked token is kept), or came before the read and is seen.
+                shared.asleep[k].store(true, Ordering::SeqCst);
+                if shared.epoch.load(Ordering::SeqCst) == seen {
+                    std::thread::park();
+                }
+                shared.asleep[k].store(false, Ordering::SeqCst);
+                idle_since = Instant::now();
+            }
+        }
+        let job = shared.job.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(job) = job {
+            job.work();
+        }
+    }
+}
+
+/// Runs `f` on this thread with `helpers` available to its parallel loops.
+pub fn with_helpers<R>(helpers: &Arc<Helpers>, threads: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<(Arc<Helpers>, usize)>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let prev = self.0.take();
             HELPERS.with(|h| *h.borrow_mut() = prev);
         }
     }
-    let prev = HELPERS.with(|h| h.borrow_mut().replace((pool.clone(), threads)));
+    let threads = threads.min(helpers.threads.len() + 1);
+    let prev = HELPERS.with(|h| h.borrow_mut().replace((helpers.clone(), threads)));
     let _restore = Restore(prev);
     f()
 }
@@ -60,7 +178,7 @@ pub fn for_each(n: usize, body: impl Fn(usize) + Sync) {
     }
     let helpers = HELPERS.with(|h| h.borrow().clone());
     match helpers {
-        Some((pool, threads)) if threads > 1 => offer(&pool, threads, n, &body),
+        Some((helpers, threads)) if threads > 1 => offer(&helpers, n, &body),
         _ => (0..n).for_each(body),
     }
 }
@@ -143,7 +261,7 @@ impl Job {
     }
 }
 
-fn offer(pool: &ThreadPool, threads: usize, n: usize, body: &(dyn Fn(usize) + Sync)) {
+fn offer(helpers: &Helpers, n: usize, body: &(dyn Fn(usize) + Sync)) {
     // SAFETY (lifetime erasure): see `Job::body`; this function returns only after every
     // chunk is done, and helpers touch `body` only for claimed chunks.
     let body: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(body) };
@@ -154,10 +272,7 @@ fn offer(pool: &ThreadPool, threads: usize, n: usize, body: &(dyn Fn(usize) + Sy
         panicked: AtomicBool::new(false),
         body,
     });
-    for _ in 1..threads.min(n) {
-        let job = job.clone();
-        pool.spawn(move || job.work());
-    }
+    helpers.offer(&job);
     job.work();
     let mut spins = 0u32;
     while job.done.load(Ordering::Acquire) < n {
@@ -178,7 +293,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
 
-    fn pool(threads: usize) -> Arc<ThreadPool> {
+    fn pool(threads: usize) -> Arc<rayon::ThreadPool> {
         Arc::new(
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -195,7 +310,7 @@ mod tests {
             let count = |i: usize| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             };
-            with_helpers(&p, 3, || for_each(n, count));
+            with_helpers(&Helpers::for_threads(3), 3, || for_each(n, count));
             p.install(|| for_each(n, count));
             for_each(n, count); // no helpers: sequential
             assert!(
@@ -207,9 +322,8 @@ mod tests {
 
     #[test]
     fn chunks_of_a_slice_are_disjoint_and_cover_it() {
-        let p = pool(2);
         let mut v = vec![0usize; 1003];
-        with_helpers(&p, 2, || {
+        with_helpers(&Helpers::for_threads(2), 2, || {
             for_chunks_mut(&mut v, 100, |start, part| {
                 for (k, x) in part.iter_mut().enumerate() {
                     *x += start + k;
@@ -221,7 +335,7 @@ mod tests {
 
     #[test]
     fn errors_and_panics_reach_the_caller() {
-        let p = pool(2);
+        let p = Helpers::for_threads(2);
         let r = with_helpers(&p, 2, || {
             try_for_each(50, |i| if i == 33 { Err(i) } else { Ok(()) })
         });

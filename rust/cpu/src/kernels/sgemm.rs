@@ -568,12 +568,7 @@ mod tests {
         if !available() {
             return;
         }
-        let pool = std::sync::Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap(),
-        );
+        let helpers = par::Helpers::for_threads(2);
         for &(m, n, k) in &[
             (1, 1, 1),
             (1, 17, 3),
@@ -627,7 +622,7 @@ mod tests {
                 for threads in [1, 2] {
                     let ldc = n + 3;
                     let mut c = vec![f32::NAN; m * ldc];
-                    par::with_helpers(&pool, threads, || {
+                    par::with_helpers(&helpers, threads, || {
                         // SAFETY: c has m rows of stride ldc.
                         unsafe { sgemm((m, n, k), oa, ob, c.as_mut_ptr(), ldc, threads) }
                     });
