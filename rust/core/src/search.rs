@@ -6,13 +6,14 @@
 //! reference interpreter running the *input* program on the same inputs. The fastest
 //! verified candidate wins; if none verifies, the input program itself runs.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Executable, Weights};
 use crate::cache::{Cache, Entry};
 use crate::dtype::DType;
-use crate::egraph::{self, Budget, SaturationReport};
+use crate::egraph::{self, Budget, ClassId, SaturationReport};
 use crate::error::Result;
 use crate::extract::{Candidate, DefaultCost, Extractor, Genome};
 use crate::interp::ReferenceBackend;
@@ -335,6 +336,18 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
         }
     };
     push(Genome::new(), &mut out);
+    // Changes that pay only together come first: every one of them at once, then the
+    // single changes, then each group alone (measured only when the budget allows).
+    let groups = coordinated(ex);
+    if !groups.is_empty() {
+        let mut all = Genome::new();
+        for g in &groups {
+            for (&c, &i) in g {
+                all.entry(c).or_insert(i);
+            }
+        }
+        push(all, &mut out);
+    }
     let mut singles: Vec<(bool, f64, usize, usize)> = Vec::new();
     let is_view =
         |c: usize, i: Option<usize>| i.and_then(|i| ex.op(c, i)).is_some_and(|op| op.is_view());
@@ -361,16 +374,51 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
         }
         push(Genome::from([(c, i)]), &mut out);
     }
+    if groups.len() > 1 {
+        for g in groups {
+            if out.len() >= limit.max(1) * 4 {
+                break;
+            }
+            push(g, &mut out);
+        }
+    }
     out
 }
 
+/// Groups of changes that only pay together: alternatives of several classes of the default
+/// program that are views of one class the default program does not compute (the slices of
+/// a merged product, see `egraph::merge`). Alone, each such change computes the shared class
+/// *and* everything the default computes; together they replace the separate computations.
+fn coordinated(ex: &Extractor) -> Vec<Genome> {
+    let default = ex.default_classes();
+    let mut readers: BTreeMap<ClassId, Genome> = BTreeMap::new();
+    for &c in &default {
+        for (i, _) in ex.alternatives(c) {
+            let is_view = ex.op(c, i).is_some_and(|op| op.is_view());
+            if let (true, [shared]) = (is_view, ex.data.classes[c][i].children.as_slice()) {
+                if !default.contains(shared) {
+                    readers.entry(*shared).or_default().entry(c).or_insert(i);
+                }
+            }
+        }
+    }
+    readers.into_values().filter(|g| g.len() >= 2).collect()
+}
+
+/// The changes a genome makes, each distinct one once with its count (`a -> b ×3`).
 fn describe(ex: &Extractor, genome: &Genome) -> String {
-    let parts: Vec<String> = genome
-        .iter()
-        .map(|(&c, &i)| {
-            let from = ex.best[c].map(|b| ex.describe(c, b)).unwrap_or_default();
-            format!("{from} -> {}", ex.describe(c, i))
-        })
+    let mut parts: Vec<(String, usize)> = Vec::new();
+    for (&c, &i) in genome {
+        let from = ex.best[c].map(|b| ex.describe(c, b)).unwrap_or_default();
+        let part = format!("{from} -> {}", ex.describe(c, i));
+        match parts.iter_mut().find(|(p, _)| *p == part) {
+            Some((_, n)) => *n += 1,
+            None => parts.push((part, 1)),
+        }
+    }
+    let parts: Vec<String> = parts
+        .into_iter()
+        .map(|(p, n)| if n > 1 { format!("{p} ×{n}") } else { p })
         .collect();
     parts.join(", ")
 }

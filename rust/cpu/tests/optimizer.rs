@@ -371,14 +371,48 @@ fn grouped_query_attention(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
     (g, Weights::new(), inputs)
 }
 
+/// Projections that share their input, as the frontends translate a llama block: q/k/v of
+/// `linear` weights (each reading its own `reshape(x)`, equal only structurally) and a
+/// gated MLP's gate and up as plain `x · w` products.
+fn merged_projections(rng: &mut Rng) -> (Graph, Weights, Vec<Value>) {
+    let (mut g, mut w) = (Graph::new(), Weights::new());
+    let x = input(&mut g, 0, DType::F32, &[1, 3, 24]);
+    let mut outs = Vec::new();
+    for (name, n) in [("wq", 16), ("wk", 8), ("wv", 8)] {
+        let rows = g
+            .add(
+                Op::Reshape {
+                    shape: vec![Dim::from(3i64), Dim::from(24i64)],
+                },
+                &[x],
+                "rows",
+            )
+            .unwrap();
+        let wt = weight(&mut g, &mut w, rng, name, &[n, 24]);
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[wt], "t").unwrap();
+        outs.push(g.add(Op::Dot, &[rows, wt], name).unwrap());
+    }
+    let h = outs[0];
+    let gate = weight(&mut g, &mut w, rng, "gate", &[16, 10]);
+    let up = weight(&mut g, &mut w, rng, "up", &[16, 10]);
+    let gate = g.add(Op::Dot, &[h, gate], "gate").unwrap();
+    let up = g.add(Op::Dot, &[h, up], "up").unwrap();
+    let gate = un(&mut g, UnaryOp::Silu, gate);
+    let y = bin(&mut g, BinaryOp::Mul, gate, up);
+    g.outputs.extend([y, outs[1], outs[2]]);
+    let inputs = vec![random(rng, DType::F32, &[1, 3, 24], -2.0, 2.0)];
+    (g, w, inputs)
+}
+
 type Case = fn(&mut Rng) -> (Graph, Weights, Vec<Value>);
-const CASES: [(&str, Case); 6] = [
+const CASES: [(&str, Case); 7] = [
     ("mlp", mlp),
     ("norms", norms),
     ("identities", identities),
     ("more_identities", more_identities),
     ("attention", attention),
     ("grouped_query_attention", grouped_query_attention),
+    ("merged_projections", merged_projections),
 ];
 
 /// Every candidate of every case matches the interpreter on the input program.
@@ -424,7 +458,7 @@ fn every_candidate_matches_the_reference() {
 #[test]
 fn rule_families_fire() {
     let backend = CpuBackend::new(1);
-    let expect: [(&str, &[&str]); 5] = [
+    let expect: [(&str, &[&str]); 6] = [
         (
             "mlp",
             &[
@@ -463,6 +497,7 @@ fn rule_families_fire() {
                 "layout/attention-stacked-query-rows",
             ],
         ),
+        ("merged_projections", &["fuse/dot-merge"]),
     ];
     let listed = CASES.iter().filter(|(name, _)| *name != "more_identities");
     for ((name, case), (ename, rules)) in listed.zip(expect) {
@@ -477,6 +512,31 @@ fn rule_families_fire() {
             );
         }
     }
+}
+
+/// Merging pays only when every product of a group switches: the candidates include the
+/// program with each group computed by one product (q/k/v and gate/up: 5 products → 2).
+#[test]
+fn merged_products_are_offered_together() {
+    let backend = CpuBackend::new(1);
+    let (g, _, _) = merged_projections(&mut Rng::new(1));
+    let (data, _) = saturate(&g, &backend.lowering_rules(), &Budget::default()).unwrap();
+    let ex = Extractor::new(
+        &data,
+        &g,
+        &DefaultCost {
+            sizes: Default::default(),
+        },
+    );
+    let cands = candidates(&ex, &g, 8);
+    let products = |g: &Graph| g.nodes.iter().filter(|n| matches!(n.op, Op::Dot)).count();
+    assert_eq!(products(&cands[0].graph), 5, "{}", cands[0].graph);
+    assert_eq!(products(&cands[1].graph), 2, "{}", cands[1].graph);
+    assert!(
+        cands[1].description.contains("slice"),
+        "{}",
+        cands[1].description
+    );
 }
 
 /// The cost model's default program for grouped-query attention never copies a repeated KV

@@ -7,6 +7,7 @@
 //! extraction (`crate::extract`) works on deterministically.
 
 pub mod encode;
+mod merge;
 pub mod rules;
 
 use std::collections::BTreeMap;

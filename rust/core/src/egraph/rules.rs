@@ -6,7 +6,8 @@
 //! * `algebra`: identities that hold exactly in floating point.
 //! * `layout`: view algebra (permute∘permute, reshape∘reshape, identity views) and
 //!   broadcasts pushed through elementwise ops.
-//! * `fuse`: composite ops ⇄ their decompositions (softmax, layer/rms norm, silu).
+//! * `fuse`: composite ops ⇄ their decompositions (softmax, layer/rms norm, silu), and
+//!   products sharing an operand ⇄ one merged product ([`super::merge`]).
 //! * `lower`: the backend's implementation choices ([`LoweringRule`]).
 //!
 //! Every union is unconditionally equivalent: each rule pins the rank and dtype of what it
@@ -45,14 +46,14 @@ pub fn generate(graph: &Graph, vocab: &mut Vocabulary, lowering: &[LoweringRule]
 }
 
 #[derive(Default)]
-struct RuleWriter {
+pub(super) struct RuleWriter {
     text: String,
     names: BTreeSet<String>,
 }
 
 impl RuleWriter {
     /// Adds `(rule (query) (actions))` to `ruleset` under a unique name `ruleset/name`.
-    fn rule(&mut self, ruleset: &str, name: &str, query: &str, actions: &str) {
+    pub(super) fn rule(&mut self, ruleset: &str, name: &str, query: &str, actions: &str) {
         let mut full = format!("{ruleset}/{name}");
         let mut k = 2;
         while self.names.contains(&full) {
@@ -537,6 +538,7 @@ fn fuse(graph: &Graph, vocab: &mut Vocabulary, w: &mut RuleWriter) {
             _ => {}
         }
     }
+    super::merge::dot_merge_rules(graph, vocab, w);
 }
 
 /// Term-building shorthands for one decomposition over inputs of type `xt`.
