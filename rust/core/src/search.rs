@@ -31,6 +31,9 @@ const NOISE: f64 = 0.03;
 /// than most real differences, and an unconfirmed winner would be cached for good.
 const CONFIRM_ROUNDS: usize = 5;
 const CONFIRM_WINS: usize = 4;
+/// Each timing runs a program for at least this long (and at most `MAX_TIMED_RUNS` times).
+const MIN_TIMING: Duration = Duration::from_millis(25);
+const MAX_TIMED_RUNS: usize = 100;
 
 #[derive(Clone, Debug)]
 pub struct SearchOptions {
@@ -39,7 +42,8 @@ pub struct SearchOptions {
     pub iterations: usize,
     /// Wall time for measuring; the default program is always measured.
     pub time_budget: Duration,
-    /// Timed runs per candidate (after one warm-up); the median counts.
+    /// Timed runs per candidate at least (after one warm-up; more for fast programs, see
+    /// `Bench::time`); the median counts.
     pub repeats: usize,
     /// Seeds the random inputs and the random combinations of choices.
     pub seed: u64,
@@ -185,15 +189,22 @@ pub fn optimize(
         );
         let index = report.candidates.len();
         // The first program timed pays for cold caches and first-touch allocations: time
-        // it twice, so that every later candidate is compared with a warm default.
+        // it again and keep the second (warm) timing. Not the faster of the two: a best of
+        // two samples against every other candidate's one would favour the default.
         if let (0, Some(t), Some(e)) = (index, rep.time_s, exe.as_ref()) {
-            rep.time_s = Some(
-                bench
-                    .time(e.as_ref(), opts.repeats)
-                    .map_or(t, |t2| t.min(t2)),
-            );
+            rep.time_s = Some(bench.time(e.as_ref(), opts.repeats).unwrap_or(t));
         }
-        if let (Some(t), Some(true), Some(exe)) = (rep.time_s, rep.verified, exe) {
+        if let (Some(raw), Some(true), Some(exe)) = (rep.time_s, rep.verified, exe) {
+            // This machine's speed drifts between timings far more than the differences
+            // searched for: the best program so far is timed again now, and the candidate
+            // compared at the best's scale (raw × best's recorded time / its time now).
+            let t = match best.as_ref() {
+                Some(b) => match bench.time(b.2.as_ref(), opts.repeats) {
+                    Ok(now) if now > 0.0 => raw * b.0 / now,
+                    _ => raw,
+                },
+                None => raw,
+            };
             measured.push((cand.genome.clone(), t));
             // A candidate must beat the best so far by more than timing noise: choices
             // within noise would flip between compiles of the same model.
@@ -555,10 +566,15 @@ impl Bench {
         Ok((median(ta), median(tb), wins))
     }
 
-    /// Median time of `repeats` runs (after the run `measure` verified).
+    /// Median time of at least `repeats` runs (after the run `measure` verified), and of
+    /// more for fast programs, until `MIN_TIMING` has passed: five runs of a sub-millisecond
+    /// program last less than one burst of another process on a shared machine.
     fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
         let mut times = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        while times.len() < repeats.max(1)
+            || (start.elapsed() < MIN_TIMING && times.len() < MAX_TIMED_RUNS)
+        {
             let t = Instant::now();
             run_once(exe, &self.inputs, &self.input_bytes, &self.out_dtypes)?;
             times.push(t.elapsed().as_secs_f64());
