@@ -1,8 +1,9 @@
 //! Measured, verified search over candidate programs (DESIGN §5).
 //!
-//! The e-graph's default extraction and its alternatives (one changed choice each, then a
-//! combination of the winners) are compiled on the real backend and timed on random inputs
-//! (warm-up, repeats, median). A candidate is adopted only if its outputs match the
+//! The e-graph's default extraction and its alternatives (changes that pay only together,
+//! then one changed choice each, then a combination of the winners) are compiled on the
+//! real backend and timed on random inputs (warm-up, repeats, median), each against the
+//! best so far timed again at the same moment. A candidate is adopted only if its outputs match the
 //! reference interpreter running the *input* program on the same inputs. The fastest
 //! verified candidate wins; if none verifies, the input program itself runs.
 
@@ -574,8 +575,8 @@ impl Bench {
 
     /// Median time of at least `repeats` runs (after the run `measure` verified), and of
     /// more for fast programs, until `MIN_TIMING` has passed: five runs of a sub-millisecond
-    /// program last less than one burst of another process on a shared machine. One
-    /// repeat is one run (a cache hit times its program once, for the report).
+    /// program last less than one burst of another process on a shared machine.
+    /// `repeats` of 1 is exactly one run.
     fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
         let mut times = Vec::with_capacity(repeats);
         let start = Instant::now();
