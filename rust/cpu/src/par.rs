@@ -334,6 +334,67 @@ mod tests {
     }
 
     #[test]
+    fn callers_on_several_threads_share_the_helpers() {
+        // Offers from different callers overwrite each other's job slot: a caller whose
+        // job was replaced runs its chunks itself, so every chunk still runs exactly once.
+        let helpers = Helpers::for_threads(2);
+        std::thread::scope(|scope| {
+            for caller in 0..3 {
+                let helpers = helpers.clone();
+                scope.spawn(move || {
+                    for round in 0..200 {
+                        let n = 1 + (caller * 7 + round) % 40;
+                        let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                        with_helpers(&helpers, 2, || {
+                            for_each(n, |i| {
+                                hits[i].fetch_add(1, Ordering::Relaxed);
+                            })
+                        });
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn idle_helpers_sleep_and_wake_for_the_next_loop() {
+        let helpers = Helpers::for_threads(4);
+        let count = AtomicU32::new(0);
+        with_helpers(&helpers, 4, || {
+            for_each(64, |_| {
+                count.fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        // Past the spin window every helper parks (it would otherwise burn a core).
+        let deadline = std::time::Instant::now() + spin_window() + Duration::from_secs(5);
+        while helpers
+            .shared
+            .asleep
+            .iter()
+            .any(|a| !a.load(Ordering::SeqCst))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "helpers still spinning"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Sleeping helpers are woken by the next offer; slow chunks give them time to join.
+        let on_helpers = AtomicU32::new(0);
+        let caller = std::thread::current().id();
+        with_helpers(&helpers, 4, || {
+            for_each(32, |_| {
+                if std::thread::current().id() != caller {
+                    on_helpers.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            })
+        });
+        assert!(on_helpers.load(Ordering::Relaxed) > 0, "no helper woke up");
+    }
+
+    #[test]
     fn errors_and_panics_reach_the_caller() {
         let p = Helpers::for_threads(2);
         let r = with_helpers(&p, 2, || {
