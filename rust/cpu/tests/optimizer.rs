@@ -13,7 +13,7 @@ use ember_core::backend::{Backend, Weights};
 use ember_core::dim::Dim;
 use ember_core::dtype::{DType, Scalar};
 use ember_core::egraph::{saturate, Budget};
-use ember_core::extract::{DefaultCost, Extractor};
+use ember_core::extract::{Candidate, DefaultCost, Extractor};
 use ember_core::interp::{self, Value};
 use ember_core::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 use ember_core::search::{candidates, optimize, SearchOptions};
@@ -514,21 +514,22 @@ fn rule_families_fire() {
     }
 }
 
+/// The search's candidates for `g` on the CPU backend, from the cost model's extraction.
+fn cpu_candidates(g: &Graph, limit: usize) -> Vec<Candidate> {
+    let backend = CpuBackend::new(1);
+    let (data, _) = saturate(g, &backend.lowering_rules(), &Budget::default()).unwrap();
+    let cost = DefaultCost {
+        sizes: Default::default(),
+    };
+    candidates(&Extractor::new(&data, g, &cost), g, limit)
+}
+
 /// Merging pays only when every product of a group switches: the candidates include the
 /// program with each group computed by one product (q/k/v and gate/up: 5 products → 2).
 #[test]
 fn merged_products_are_offered_together() {
-    let backend = CpuBackend::new(1);
     let (g, _, _) = merged_projections(&mut Rng::new(1));
-    let (data, _) = saturate(&g, &backend.lowering_rules(), &Budget::default()).unwrap();
-    let ex = Extractor::new(
-        &data,
-        &g,
-        &DefaultCost {
-            sizes: Default::default(),
-        },
-    );
-    let cands = candidates(&ex, &g, 8);
+    let cands = cpu_candidates(&g, 8);
     let products = |g: &Graph| g.nodes.iter().filter(|n| matches!(n.op, Op::Dot)).count();
     assert_eq!(products(&cands[0].graph), 5, "{}", cands[0].graph);
     assert_eq!(products(&cands[1].graph), 2, "{}", cands[1].graph);
@@ -544,17 +545,8 @@ fn merged_products_are_offered_together() {
 /// and the others read the broadcast itself (a view), not a reshape of it.
 #[test]
 fn grouped_query_attention_reads_kv_without_copies_by_default() {
-    let backend = CpuBackend::new(1);
     let (g, _, _) = grouped_query_attention(&mut Rng::new(1));
-    let (data, _) = saturate(&g, &backend.lowering_rules(), &Budget::default()).unwrap();
-    let ex = Extractor::new(
-        &data,
-        &g,
-        &DefaultCost {
-            sizes: Default::default(),
-        },
-    );
-    let default = &candidates(&ex, &g, 1)[0].graph;
+    let default = &cpu_candidates(&g, 1)[0].graph;
     let mut stacked = 0;
     for n in &default.nodes {
         if let Op::Attention { .. } = n.op {
