@@ -75,6 +75,31 @@ def test_sdpa_masks_and_scale(backend):
     check(fn, [q, k, v], backend, **TOL)
 
 
+@pytest.mark.parametrize("queries", [2, 12])
+def test_sdpa_fully_masked_rows_give_zeros(queries, backend):
+    """Left padding masks every key of some query rows: torch's SDPA gives zeros there (a
+    plain softmax would give NaN); Ember must too, for bool and -inf masks, on the direct
+    (few rows) and GEMM (many rows) paths, and with causal masking on top."""
+    q, k, v = rand(2, 2, queries, 8), rand(2, 2, queries, 8), rand(2, 2, queries, 5)
+    keep = torch.rand(2, 1, queries, queries) > 0.3
+    keep[..., 0] = True
+    keep[0, :, 0, :] = False  # every key of query 0 of batch 0
+    keep[1, :, -1, :] = False
+    bias = torch.zeros(2, 1, queries, queries).masked_fill(~keep, float("-inf"))
+
+    def fn(q, k, v):
+        return (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep[..., :1, :].expand_as(keep)),
+        )
+
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    assert all(torch.isfinite(t).all() for t in expected)
+    check(fn, [q, k, v], backend, **TOL)
+
+
 def test_sdpa_grouped_query(backend):
     q, k, v = rand(1, 8, 5, 16), rand(1, 2, 5, 16), rand(1, 2, 5, 16)
     check(

@@ -712,7 +712,8 @@ fn norm_rule(
     );
 }
 
-/// `softmax(q·kᵀ·scale, masked) · v` from IR ops, for one (q, k, v, mask) shape.
+/// `softmax(q·kᵀ·scale, causally masked) · v` from IR ops, for one (q, k, v) shape; not for
+/// attention with a mask (see below).
 fn attention_rule(
     vocab: &mut Vocabulary,
     w: &mut RuleWriter,
@@ -724,8 +725,9 @@ fn attention_rule(
 ) {
     let (q, k, v) = (&types[0], &types[1], &types[2]);
     let r = q.rank();
-    if has_mask && types[3].dtype != DType::Bool && types[3].dtype != q.dtype {
-        return; // a float mask of another dtype would need a cast; not offered
+    if has_mask {
+        // A mask can mask a whole row: attention gives zeros there, the decomposition NaN.
+        return;
     }
     let (d, rl) = (dtype_lit(q.dtype), r.to_string());
     let key = lit(&vocab.op(op));
@@ -738,7 +740,6 @@ fn attention_rule(
     let perm = lit(&vocab.op(&Op::Permute { perm: swap }));
     let dot = lit(&vocab.op(&Op::Dot));
     let mul = lit(&vocab.op(&Op::Binary(BinaryOp::Mul)));
-    let add = lit(&vocab.op(&Op::Binary(BinaryOp::Add)));
     let wh = lit(&vocab.op(&Op::Where));
     let scale_c = lit(&vocab.full(Scalar::Float(scale), &sty));
     let ninf = lit(&vocab.full(Scalar::Float(f64::NEG_INFINITY), &sty));
@@ -775,33 +776,18 @@ fn attention_rule(
             "(Op3 {wh} (Op2 {le} {col} {row} {b} {rl}) {s} (Src {ninf} {d} {rl}) {d} {rl})"
         );
     }
-    if has_mask {
-        s = if types[3].dtype == DType::Bool {
-            format!("(Op3 {wh} m {s} (Src {ninf} {d} {rl}) {d} {rl})")
-        } else {
-            format!("(Op2 {add} {s} m {d} {rl})")
-        };
-    }
     let softmax = lit(&vocab.op(&Op::Softmax {
         axis: r - 1,
         log: false,
     }));
     let out = format!("(Op2 {dot} (Op1 {softmax} {s} {d} {rl}) v {d} {rl})");
-    let mut args: Vec<String> = ["q", "k", "v"].iter().map(|s| s.to_string()).collect();
-    let mut guard = format!(
+    let args: Vec<String> = ["q", "k", "v"].iter().map(|s| s.to_string()).collect();
+    let guard = format!(
         "(HasShape q {}) (HasShape k {}) (HasShape v {})",
         lit(&format_shape(&q.shape)),
         lit(&format_shape(&k.shape)),
         lit(&format_shape(&v.shape))
     );
-    if has_mask {
-        args.push("m".into());
-        let _ = write!(
-            guard,
-            " (HasShape m {})",
-            lit(&format_shape(&types[3].shape))
-        );
-    }
     w.rule(
         "fuse",
         &format!("attention-decompose-{}", format_shape(&q.shape)),

@@ -122,6 +122,11 @@ pub(crate) fn attention(
                 }
                 *sc = x;
             }
+            if s > 0 && scores.iter().all(|&x| x == f64::NEG_INFINITY) {
+                // Every score masked: zeros, as torch's scaled_dot_product_attention.
+                out.resize(out.len() + ev, 0.0);
+                continue;
+            }
             softmax_row(&mut scores, false);
             if s == 0 {
                 // Every (no) score is masked.

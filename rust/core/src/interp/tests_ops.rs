@@ -267,10 +267,10 @@ fn attention_causal_masks_and_scale() {
     let q1 = fv(F64, &[1, 1, 1], &[1.0]);
     let one = attention(1.0, true, &[q1, k.clone(), v.clone()]);
     assert_f(&one, &[1.0, 0.0]);
-    // A fully masked row gives NaN.
+    // A fully masked row gives zeros (torch's scaled_dot_product_attention), not NaN.
     let none = iv(Bool, &[1, 2, 2], &[0, 0, 1, 1]);
     let out = attention(1.0, false, &[q, k, v, none]);
-    assert_close(&out, &[f64::NAN, f64::NAN, 0.25, 0.75], 1e-15);
+    assert_close(&out, &[0.0, 0.0, 0.25, 0.75], 1e-15);
 }
 
 #[test]

@@ -115,6 +115,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                 return softmax_row_in_place(row);
             }
             let mbase = om + i as isize * mrs;
+            let mut kept = false;
             for (j, x) in row.iter_mut().enumerate() {
                 let mut y = *x * scale;
                 let moff = mbase + j as isize * mcs;
@@ -124,6 +125,12 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                 let masked =
                     (p.causal && j > i) || bool_mask.as_ref().is_some_and(|m| !m.at(moff).get());
                 *x = if masked { -T::INF } else { y };
+                kept |= *x != -T::INF;
+            }
+            if !kept {
+                // Every score masked (left padding): zeros, as torch's SDPA, not NaN.
+                row.fill(<T as Real>::ZERO);
+                return;
             }
             softmax_row_in_place(row);
         };

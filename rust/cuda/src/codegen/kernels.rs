@@ -556,7 +556,9 @@ impl<'a> Generator<'a> {
         let vv = e.value(v, &at(["j", "c"]))?;
         e.line(format!("o += sc[j] * ({acc}){vv};"));
         e.close();
-        e.line(format!("out[row * EV + c] = {};", store(dtype, "o / sum")));
+        // Every score masked (mx = -inf, p = NaN): zeros, as torch's SDPA.
+        e.line(format!("o = mx == -{} ? ({acc})0 : o / sum;", inf(acc)));
+        e.line(format!("out[row * EV + c] = {};", store(dtype, "o")));
         e.close();
         e.line("__syncthreads();");
         e.close();
