@@ -1,6 +1,7 @@
 """Type stub of the native module (rust/python/src/lib.rs)."""
 
 __version__: str
+BUILD_ID: str
 
 class EmberError(Exception): ...
 class UnsupportedOpError(EmberError): ...

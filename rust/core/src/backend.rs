@@ -8,6 +8,11 @@ use crate::error::Result;
 use crate::ir::{Graph, Op};
 use crate::tensor::{HostTensor, TensorOut, TensorView};
 
+/// The largest weight-only result (in elements) a backend computes once at compile time;
+/// larger ones stay computed at run time, since they would double weight memory. Rewrites
+/// that create weight-only values (`fuse/dot-merge`'s concatenated weights) stay under it.
+pub const MAX_FOLDED_ELEMS: i64 = 1 << 22;
+
 /// Weights by name, bound once when a program is compiled.
 pub type Weights = BTreeMap<String, HostTensor>;
 

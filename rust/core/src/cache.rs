@@ -78,7 +78,7 @@ impl Cache {
         let text = format!(
             "{graph}\n{device}\n{} {}\n{buckets:?}",
             env!("CARGO_PKG_VERSION"),
-            env!("EMBER_BUILD_ID")
+            crate::BUILD_ID
         );
         format!("{:016x}", stable_hash(&text))
     }

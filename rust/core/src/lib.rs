@@ -16,3 +16,7 @@ pub mod shapes;
 pub mod tensor;
 
 pub use error::{Error, Result};
+
+/// This build's identity (a hash of the core's and the backends' sources, see `build.rs`):
+/// caches keyed on it are not reused by an Ember with other rules or kernels.
+pub const BUILD_ID: &str = env!("EMBER_BUILD_ID");

@@ -6,13 +6,10 @@
 
 use std::sync::Arc;
 
-use ember_core::backend::Weights;
+use ember_core::backend::{Weights, MAX_FOLDED_ELEMS};
 use ember_core::dim::Dim;
 use ember_core::interp;
 use ember_core::ir::{ConstData, Graph, Node, Op, ValueId};
-
-/// Results larger than this stay computed at run time (they would double weight memory).
-const MAX_FOLD_ELEMS: i64 = 1 << 22;
 
 fn is_source(op: &Op) -> bool {
     matches!(
@@ -47,7 +44,7 @@ pub fn fold_weights(graph: &Graph, weights: &Weights) -> Graph {
             .iter()
             .filter_map(Dim::as_const)
             .product::<i64>()
-            <= MAX_FOLD_ELEMS
+            <= MAX_FOLDED_ELEMS
     };
     // Fold the computed values that a run-time node or an output reads.
     let mut fold = vec![false; n];

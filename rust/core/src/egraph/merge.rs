@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use super::encode::{dtype_lit, lit, node_source_key, op_key, term, Vocabulary};
 use super::rules::RuleWriter;
+use crate::backend::MAX_FOLDED_ELEMS;
 use crate::dim::{format_shape, Dim};
 use crate::ir::{Graph, Op};
 
@@ -24,22 +25,41 @@ enum Form {
     Plain,
 }
 
-/// One product of a group: its weight's node id and output width N.
+/// One product of a group: its weight's node id, output width N and element count.
 struct Member {
     weight: usize,
     width: i64,
+    elems: i64,
 }
 
 /// One rule per group of rank-2 products of weights whose left operands are the same
 /// expression (structurally: the frontends repeat `reshape(x)` for each projection).
 pub(super) fn dot_merge_rules(graph: &Graph, vocab: &mut Vocabulary, w: &mut RuleWriter) {
     for ((_, form), members) in groups(graph) {
-        for chunk in members.chunks(MAX_MEMBERS) {
+        for chunk in chunks(&members) {
             if chunk.len() >= 2 {
                 rule(graph, vocab, w, form, chunk);
             }
         }
     }
+}
+
+/// Consecutive runs of at most `MAX_MEMBERS` products whose concatenated weight backends
+/// still compute at compile time: a larger one would be concatenated on every call.
+fn chunks(members: &[Member]) -> Vec<&[Member]> {
+    let mut out = Vec::new();
+    let (mut start, mut elems) = (0, 0);
+    for (i, m) in members.iter().enumerate() {
+        if i > start && (i - start == MAX_MEMBERS || elems + m.elems > MAX_FOLDED_ELEMS) {
+            out.push(&members[start..i]);
+            (start, elems) = (i, 0);
+        }
+        elems += m.elems;
+    }
+    if start < members.len() {
+        out.push(&members[start..]);
+    }
+    out
 }
 
 /// Products grouped by (canonical left operand, form), in graph order, each weight once.
@@ -79,9 +99,16 @@ fn groups(graph: &Graph) -> BTreeMap<(usize, Form), Vec<Member>> {
         let Some(width) = node.ty.shape[1].as_const() else {
             continue;
         };
+        let Some(elems) = graph.ty(weight).shape.iter().map(Dim::as_const).product() else {
+            continue;
+        };
         let group = out.entry((canon[*x], form)).or_default();
         if !group.iter().any(|m| m.weight == weight) {
-            group.push(Member { weight, width });
+            group.push(Member {
+                weight,
+                width,
+                elems,
+            });
         }
     }
     out
@@ -128,4 +155,35 @@ fn rule(graph: &Graph, vocab: &mut Vocabulary, w: &mut RuleWriter, form: Form, m
         query.trim_end(),
         &actions,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(elems: i64) -> Member {
+        Member {
+            weight: 0,
+            width: 1,
+            elems,
+        }
+    }
+
+    fn sizes(members: &[Member]) -> Vec<usize> {
+        chunks(members).iter().map(|c| c.len()).collect()
+    }
+
+    #[test]
+    fn groups_split_at_the_member_and_fold_limits() {
+        assert_eq!(sizes(&(0..3).map(|_| member(10)).collect::<Vec<_>>()), [3]);
+        assert_eq!(
+            sizes(&(0..10).map(|_| member(10)).collect::<Vec<_>>()),
+            [8, 2]
+        );
+        // q/k/v of a 2048-wide model: 3 × 4 M elements, each alone (not merged).
+        let wide: Vec<_> = (0..3).map(|_| member(2048 * 2048)).collect();
+        assert_eq!(sizes(&wide), [1, 1, 1]);
+        let half = MAX_FOLDED_ELEMS / 2;
+        assert_eq!(sizes(&[member(half), member(half), member(1)]), [2, 1]);
+    }
 }
