@@ -10,25 +10,31 @@ import torch.utils._pytree as pytree
 
 from ember import _core
 from ember.compiled import CompiledModel
-from ember.export import export_program, live_weights, save_bytes
-from ember.options import Options
+from ember.export_cache import export
+from ember.options import Options, cache_dir
 
 
 def compile(model: torch.nn.Module, *example_inputs: Any, **options: Any) -> CompiledModel:
     """Compiles ``model`` for inputs shaped like ``example_inputs``.
 
-    The model is exported with ``torch.export``; its weights are bound once, by pointer
-    (transposed weights of matrix products are pre-packed into one contiguous copy). In-place
-    changes to the weights after compiling are seen: the next call binds them again.
+    The model is exported with ``torch.export`` (or its export taken from the cache, see
+    ``export_cache``); its weights are bound once, by pointer (transposed weights of matrix
+    products are pre-packed into one contiguous copy). In-place changes to the weights after
+    compiling are seen: the next call binds them again.
     """
     opts = Options.from_dict(options)
-    ep = export_program(model, example_inputs)
-    program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+    exported = export(model, example_inputs, cache_dir() if opts.cache else None)
     leaves = pytree.tree_leaves(example_inputs)
     shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     return CompiledModel(
-        program, opts, live_weights(ep), ep.call_spec.out_spec, shapes, example_inputs=tensors
+        exported.program,
+        opts,
+        exported.weights,
+        exported.out_spec,
+        shapes,
+        example_inputs=tensors,
+        export_cache_hit=exported.cache_hit,
     )
 
 

@@ -142,6 +142,7 @@ class CompiledModel:
         out_spec: Any = None,
         example_shapes: list[list[int]] | None = None,
         example_inputs: Sequence[Any] = (),
+        export_cache_hit: bool = False,
     ) -> None:
         tensors = [t for t in (weights or {}).values() if isinstance(t, torch.Tensor)]
         tensors += [t for t in example_inputs if isinstance(t, torch.Tensor)]
@@ -166,7 +167,7 @@ class CompiledModel:
             or options.search_iterations == 0
             or self._backend in ("reference", "cuda-emu"),
         )
-        self._report = SearchReport.from_core(self._exe.report())
+        self._report = SearchReport.from_core(self._exe.report(), export_cache_hit)
         record(self._report)
         self._out_spec = out_spec
         self._out_kind = _output_kind(out_spec)

@@ -37,11 +37,14 @@ class SearchReport:
     note: str
     saturation_time_s: float
     time_s: float
+    # Whether torch.export was skipped: the program came from the export cache.
+    export_cache_hit: bool = False
 
     @classmethod
-    def from_core(cls, d: dict[str, Any]) -> SearchReport:
+    def from_core(cls, d: dict[str, Any], export_cache_hit: bool = False) -> SearchReport:
         fields = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in fields}
+        kw["export_cache_hit"] = export_cache_hit
         kw["candidates"] = [Candidate(**c) for c in d["candidates"]]
         kw["rules_fired"] = dict(d["rules_fired"])
         return cls(**kw)
@@ -54,6 +57,8 @@ class SearchReport:
             f"rules fired: {sum(self.rules_fired.values())} matches over "
             f"{len(self.rules_fired)} rules",
         ]
+        if self.export_cache_hit:
+            lines.append("program taken from the export cache (torch.export skipped)")
         if self.cache_hit:
             lines.append("choice taken from the compile cache")
         if self.note:

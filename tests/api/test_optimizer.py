@@ -136,7 +136,7 @@ _SECOND_PROCESS = textwrap.dedent(
     c = ember.compile(model, x, quiet=True)
     r = c.report()
     torch.testing.assert_close(c(x), model(x))
-    print("HIT" if r.cache_hit else "MISS", c.ir().count("\\n"))
+    print("HIT" if r.cache_hit else "MISS", c.ir().count("\\n"), r.export_cache_hit)
     """
 )
 
@@ -158,7 +158,9 @@ def test_second_process_reuses_the_cached_choice(tmp_path):
     first, second = run(), run()
     assert first[0] == "MISS" and second[0] == "HIT"
     assert first[1] == second[1]  # the same program (same node count)
-    assert list(tmp_path.glob("*.json"))
+    # The second process skipped torch.export too.
+    assert first[2] == "False" and second[2] == "True"
+    assert list(tmp_path.glob("*.json")) and list(tmp_path.glob("exports/*.zip"))
 
 
 def test_bad_search_options():
