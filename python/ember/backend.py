@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from ember import _core
 from ember.compiled import CompiledModel
 from ember.dynamo_graph import (
     DynamoGraph,
@@ -26,14 +25,9 @@ from ember.dynamo_graph import (
     with_constants,
 )
 from ember.errors import InputError, UnsupportedOpError
-from ember.export import (
-    dynamo_dynamic_shapes,
-    export_onnx_bytes,
-    export_program,
-    live_weights,
-    save_bytes,
-)
-from ember.options import Options
+from ember.export import dynamo_dynamic_shapes, export_onnx_bytes
+from ember.export_cache import export
+from ember.options import Options, cache_dir
 from ember.partition import partition
 
 _log = logging.getLogger("ember")
@@ -87,17 +81,22 @@ class _DynamoGraph:
     def _build(self, args: Sequence[Any], dynamic_shapes: Any) -> Callable[..., Any]:
         if self.options.export == "onnx":
             return self._build_onnx(args, dynamic_shapes)
-        ep = export_program(self.graph.gm, self._kept(args), dynamic_shapes=dynamic_shapes)
-        program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+        exported = export(
+            self.graph.gm,
+            self._kept(args),
+            cache_dir() if self.options.cache else None,
+            dynamic_shapes=dynamic_shapes,
+        )
         tensor_positions = self._tensor_positions(args)
         tensors = [args[i] for i in tensor_positions]
         model = CompiledModel(
-            program,
+            exported.program,
             self.options,
-            live_weights(ep),
-            ep.call_spec.out_spec,
+            exported.weights,
+            exported.out_spec,
             [list(t.shape) for t in tensors],
             example_inputs=tensors,
+            export_cache_hit=exported.cache_hit,
         )
         global _programs_compiled
         _programs_compiled += 1

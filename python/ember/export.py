@@ -63,7 +63,8 @@ def _strip_grad_mode_calls(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _prepare_graph_module(model: torch.nn.Module) -> None:
+def prepare_graph_module(model: torch.nn.Module) -> None:
+    """Readies a Dynamo graph module for export (and for a run that keys it: the same code)."""
     if isinstance(model, torch.fx.GraphModule):
         _strip_grad_mode_calls(model)
         # Dynamo's lazy graph modules have a `forward(*args)` stub until first compiled;
@@ -78,7 +79,7 @@ def export_onnx_bytes(
 ) -> bytes:
     """Exports ``model(*args)`` with ``torch.onnx.export`` (opset 18, weights included) and
     serializes the ONNX model for ``ember.compile_onnx``."""
-    _prepare_graph_module(model)
+    prepare_graph_module(model)
     with torch.no_grad():
         program = torch.onnx.export(
             model, tuple(args), dynamic_shapes=dynamic_shapes, opset_version=18, verbose=False
@@ -93,7 +94,7 @@ def export_program(
     dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """Exports ``model(*args, **kwargs)`` to core ATen with Ember's composites kept."""
-    _prepare_graph_module(model)
+    prepare_graph_module(model)
     with torch.no_grad():
         ep = torch.export.export(
             model, tuple(args), kwargs or {}, dynamic_shapes=dynamic_shapes, strict=False

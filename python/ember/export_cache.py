@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember import _core
-from ember.export import export_program, live_weights, save_bytes
+from ember.export import export_program, live_weights, prepare_graph_module, save_bytes
 from ember.trace_key import model_key
 
 _log = logging.getLogger("ember")
@@ -48,16 +48,22 @@ class Exported:
 
 
 def export(
-    model: torch.nn.Module, example_inputs: Sequence[Any], cache_dir: str | None
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    cache_dir: str | None,
+    dynamic_shapes: Any = None,
 ) -> Exported:
-    """``model`` exported and translated; from the cache under ``cache_dir`` when an entry
-    for its trace key is there (None: no cache)."""
-    key = model_key(model, example_inputs) if cache_dir else None
+    """``model`` exported (with ``dynamic_shapes``) and translated; from the cache under
+    ``cache_dir`` when an entry for its trace key is there (None: no cache)."""
+    prepare_graph_module(model)
+    key = None
+    if cache_dir is not None:
+        key = model_key(model, example_inputs, extra=f"dynamic_shapes {dynamic_shapes!r}")
     if key is not None and cache_dir is not None:
         hit = _load(_entry_path(cache_dir, key), model)
         if hit is not None:
             return hit
-    ep = export_program(model, example_inputs)
+    ep = export_program(model, example_inputs, dynamic_shapes=dynamic_shapes)
     archive = save_bytes(ep)
     program = _core.load_pt2(data=archive, load_weights=False)
     exported = Exported(program, live_weights(ep), ep.call_spec.out_spec)

@@ -312,12 +312,14 @@ def _as_under_export() -> Iterator[None]:
             setattr(torch.compiler, f, v)
 
 
-def model_key(model: torch.nn.Module, example_inputs: Sequence[Any]) -> str | None:
-    """A key that names what ``torch.export`` makes of ``model(*example_inputs)``, or None
-    when the model cannot be keyed (see the module's docstring). Runs the model once."""
+def model_key(model: torch.nn.Module, example_inputs: Sequence[Any], extra: str = "") -> str | None:
+    """A key that names what ``torch.export`` makes of ``model(*example_inputs)`` (and of
+    ``extra``: other export settings), or None when the model cannot be keyed (see the
+    module's docstring). Runs the model once."""
     recorder = _Recorder(model)
     recorder.lines[:0] = [
         _FORMAT,
+        extra,
         _ember_sources(),
         f"torch {torch.__version__} default dtype {torch.get_default_dtype()}",
         *_code_identity(model),

@@ -211,3 +211,20 @@ def test_a_transformers_model_is_keyed_and_hits(tmp_path, monkeypatch):
     with torch.no_grad():
         expected = model(ids, mask)
     torch.testing.assert_close(compiled(ids, mask), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_compile_graphs_hit_the_export_cache(tmp_path, monkeypatch):
+    """Dynamo's graphs (weights passed as inputs, bound as attributes of a copy) are keyed
+    and cached as ember.compile's models are."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(6)
+    x = torch.randn(4, 16)
+    for weights in ("first", "second"):
+        model = MLP((16, 24, 8)).eval()
+        torch._dynamo.reset()
+        fast = torch.compile(model, backend="ember")
+        with torch.no_grad():
+            out = fast(x)
+            expected = model(x)
+        torch.testing.assert_close(out, expected)
+        assert ember.last_report().export_cache_hit == (weights == "second")
