@@ -281,3 +281,26 @@ def test_conv_shifted_rows_in_one_and_three_dims(backend):
         backend,
         **TOL,
     )
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 6])
+def test_kernels_wider_than_the_input(size, backend):
+    """ConvNeXt's 7×7 depthwise convs (padding 3) meet 2×2 maps in the last stage: taps that
+    read only padding along a row must be skipped, on every conv path (depthwise direct,
+    im2col into GEMM panels, shifted rows, strided, transposed) and in pooling."""
+    convs = [
+        nn.Conv2d(8, 8, 7, padding=3, groups=8),
+        nn.Conv2d(8, 16, 7, padding=3),
+        nn.Conv2d(8, 6, 5, stride=2, padding=2),
+        nn.Conv2d(8, 5, 3, padding=2, dilation=2),
+        nn.Conv1d(8, 8, 9, padding=4, groups=8),
+        nn.ConvTranspose2d(8, 4, 5, padding=1),
+    ]
+    pool = nn.MaxPool2d(5, stride=1, padding=2)
+    avg = nn.AvgPool2d(5, stride=1, padding=2, count_include_pad=False)
+
+    def fn(x):
+        outs = [c(x[..., 0, :]) if isinstance(c, nn.Conv1d) else c(x) for c in convs]
+        return (*outs, pool(x), avg(x))
+
+    check(fn, [rand(2, 8, size, size)], backend, **TOL)

@@ -395,6 +395,11 @@ fn tap_row<T: Real>(
 ) {
     let w = g.ax[2];
     let (lo, hi) = w.valid_outputs(w_off);
+    if lo == hi {
+        // The tap reads only padding along w (a kernel wider than the padded input's
+        // interior): the start below would lie before the row.
+        return;
+    }
     g.for_rows(d_off, h_off, |o, i| {
         let dst = &mut row[o + lo..o + hi];
         let start = (i as isize + w_off + (lo * w.stride) as isize) as usize;
@@ -479,6 +484,9 @@ fn direct<T: Real>(g: &Geom, x: &[T], w: &[T], y: &mut [T]) {
         g.for_taps(|t, d_off, h_off, w_off| {
             let wt = wo[t];
             let (lo, hi) = ax.valid_outputs(w_off);
+            if lo == hi {
+                return; // only padding along w (see `tap_row`)
+            }
             g.for_rows(d_off, h_off, |o, i| {
                 let dst = &mut yo[o + lo..o + hi];
                 let start = (i as isize + w_off + (lo * ax.stride) as isize) as usize;
