@@ -4,6 +4,7 @@ composite ops Ember runs fused (softmax, layer/rms norm, attention, linear, gelu
 from __future__ import annotations
 
 import io
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,6 +126,27 @@ def dynamo_dynamic_shapes(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tupl
 def save_bytes(ep: ExportedProgram) -> bytes:
     buf = io.BytesIO()
     torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+def program_archive(ep: ExportedProgram) -> bytes:
+    """A ``.pt2`` archive holding only the exported program's JSON: all that
+    ``_core.load_pt2(..., load_weights=False)`` reads, since weights are bound by pointer.
+    ``torch.export.save`` would also write every weight (5 s for a 256 MB EfficientNet)."""
+    try:
+        from torch._export.serde.serialize import serialize
+
+        program = serialize(
+            ep,
+            serialize_state_dict=False,
+            serialize_constants=False,
+            serialize_example_inputs=False,
+        ).exported_program
+    except (ImportError, TypeError, AttributeError):  # another torch's private API
+        return save_bytes(ep)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/models/model.json", program)
     return buf.getvalue()
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember import _core
-from ember.export import export_program, live_weights, prepare_graph_module, save_bytes
+from ember.export import export_program, live_weights, prepare_graph_module, program_archive
 from ember.trace_key import model_key
 
 _log = logging.getLogger("ember")
@@ -64,7 +64,7 @@ def export(
         if hit is not None:
             return hit
     ep = export_program(model, example_inputs, dynamic_shapes=dynamic_shapes)
-    archive = save_bytes(ep)
+    archive = program_archive(ep)
     program = _core.load_pt2(data=archive, load_weights=False)
     exported = Exported(program, live_weights(ep), ep.call_spec.out_spec)
     if key is not None and cache_dir is not None:
