@@ -156,3 +156,35 @@ def test_index_copy_out_of_range_raises():
     )
     with pytest.raises(ember.EmberError, match="out of range"):
         fn(rand(5, 2), torch.tensor([1, 7]), rand(2, 2))
+
+
+def test_writes_into_slices_of_fresh_tensors(backend):
+    """In-place writes into a new tensor (BEiT's relative position table) functionalize to
+    `slice_scatter`, `select_scatter` and `copy`: values broadcast and cast, negative and
+    open bounds, writes that overlap earlier ones."""
+
+    def fn(x, i):
+        t = torch.zeros(5, 6)
+        t[1:, 2:4] = x[:4, :2]
+        t[0] = x[0, 3]  # one value broadcast along a selected row
+        t[:, -1] = 7.0
+        t[-2:, :] = x[1]  # overlaps the first write, broadcast over rows
+        u = torch.zeros(3, 4, dtype=torch.long)
+        u[1:, 1:] = i  # int source into an int table
+        u[0, :] = 2
+        v = torch.empty(2, 6)
+        v.copy_(x[:2] * 2)
+        return t * 2, u + 1, v
+
+    check(fn, [rand(5, 6), torch.arange(6).reshape(2, 3)], backend)
+
+
+def test_strided_slice_writes_are_named():
+    def fn(x):
+        t = torch.zeros(6, 4)
+        t[::2] = x
+        return t
+
+    compiled = torch.compile(fn, backend="ember", options={"fallback": "error"})
+    with pytest.raises(ember.UnsupportedOpError, match="slice_scatter.*step 2"):
+        compiled(rand(3, 4))

@@ -45,6 +45,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("hardtanh", "default") => clamp,
         ("masked_fill", "Scalar" | "Tensor") => masked_fill,
         ("_to_copy" | "to", _) => to_copy,
+        ("copy", "default") => copy,
         ("clone" | "alias" | "detach" | "lift_fresh_copy" | "contiguous", _) => identity,
         ("dropout", "default") => identity,
         ("leaky_relu", "default") => leaky_relu,
@@ -351,6 +352,17 @@ fn to_copy(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         Some(d) => Ok(Out::Value(ctx.b.cast(x, d)?)),
         None => Ok(Out::Value(x)),
     }
+}
+
+/// `copy(self, src)`: the functional form of `self.copy_(src)` (an in-place write into a
+/// fresh tensor, as functionalization leaves it): `src` cast to `self`'s dtype and
+/// broadcast to its shape.
+fn copy(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let src = tensor(ctx, n, "src", 1)?;
+    let src = ctx.b.cast(src, ctx.b.dtype(x))?;
+    let shape = ctx.b.shape(x);
+    Ok(Out::Value(ctx.b.broadcast_to(src, &shape)?))
 }
 
 fn identity(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {

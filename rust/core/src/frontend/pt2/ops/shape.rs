@@ -1,5 +1,5 @@
 //! Shape and layout ops: view/reshape, permute/transpose, expand, (un)squeeze, slice,
-//! select, narrow, cat/stack, split/chunk/unbind, flip, repeat, pad, as_strided; symbolic
+//! select (and their scatters), narrow, cat/stack, split/chunk/unbind, flip, repeat, pad, as_strided; symbolic
 //! sizes.
 
 use super::{axis, tensor, Handler};
@@ -25,6 +25,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("squeeze" | "squeeze_copy", "default" | "dim" | "dims") => squeeze,
         ("slice" | "slice_copy", "Tensor") => slice,
         ("select" | "select_copy", "int") => select,
+        ("slice_scatter", "default") => slice_scatter,
+        ("select_scatter", "default") => select_scatter,
         ("narrow", "default") => narrow,
         ("cat" | "concat", "default") => cat,
         ("stack", "default") => stack,
@@ -225,6 +227,92 @@ fn slice(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         return Ok(Out::Value(x));
     }
     Ok(Out::Value(ctx.b.slice(x, a, start, end, step)?))
+}
+
+/// `x` with `x[start:end]` along `a` replaced by `src` (unit step): the pieces of `x`
+/// around the slice concatenated with `src`.
+fn scatter_slice(
+    ctx: &mut Ctx,
+    x: ValueId,
+    src: ValueId,
+    a: usize,
+    (start, end): (Dim, Dim),
+) -> Result<ValueId> {
+    let size = ctx.b.shape(x)[a].clone();
+    let mut want = ctx.b.shape(x);
+    want[a] = &end - &start;
+    let src = ctx.b.cast(src, ctx.b.dtype(x))?;
+    let src = ctx.b.broadcast_to(src, &want)?;
+    let mut pieces = Vec::new();
+    if start.as_const() != Some(0) {
+        pieces.push(ctx.b.slice(x, a, Dim::Const(0), start, 1)?);
+    }
+    pieces.push(src);
+    if end != size {
+        pieces.push(ctx.b.slice(x, a, end, size, 1)?);
+    }
+    if pieces.len() == 1 {
+        return Ok(pieces[0]);
+    }
+    ctx.b.op(Op::Concat { axis: a }, &pieces)
+}
+
+/// `slice_scatter(self, src, dim, start, end, step)`: the functional form of
+/// `self[..., start:end] = src` (relative position tables, in-place writes into fresh
+/// tensors).
+fn slice_scatter(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let src = tensor(ctx, n, "src", 1)?;
+    let a = axis(ctx, x, n.opt_int("dim", 2)?.unwrap_or(0))?;
+    let size = ctx.b.shape(x)[a].clone();
+    let start = bound(ctx, n, "start", 3, &size, Dim::Const(0))?;
+    let end = bound(ctx, n, "end", 4, &size, size.clone())?;
+    let end = match (start.as_const(), end.as_const()) {
+        (Some(s), Some(e)) if e < s => Dim::Const(s),
+        _ => end,
+    };
+    let step = n.opt_int("step", 5)?.unwrap_or(1);
+    if step != 1 {
+        return Err(Error::unsupported_because(
+            "aten.slice_scatter",
+            &n.name,
+            format!("step {step} (only unit steps are supported)"),
+        ));
+    }
+    Ok(Out::Value(scatter_slice(ctx, x, src, a, (start, end))?))
+}
+
+/// `select_scatter(self, src, dim, index)`: `self[..., index, ...] = src`.
+fn select_scatter(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let src = tensor(ctx, n, "src", 1)?;
+    let a = axis(ctx, x, n.int("dim", 2)?)?;
+    let index = n.int("index", 3)?;
+    let size = ctx.b.shape(x)[a].clone();
+    let start = match size.as_const() {
+        Some(s) if index < -s || index >= s => {
+            return Err(Error::Shape(format!(
+                "select_scatter index {index} out of range for dim {a} of size {s} at node '{}'",
+                n.name
+            )))
+        }
+        Some(s) => Dim::Const(if index < 0 { index + s } else { index }),
+        None if index < 0 => &size + &Dim::Const(index),
+        None => Dim::Const(index),
+    };
+    let mut shape = ctx.b.shape(src);
+    if shape.len() + 1 != ctx.b.rank(x) {
+        return Err(Error::Shape(format!(
+            "select_scatter of a rank-{} source into a rank-{} tensor at node '{}'",
+            shape.len(),
+            ctx.b.rank(x),
+            n.name
+        )));
+    }
+    shape.insert(a, Dim::Const(1));
+    let src = ctx.b.reshape(src, shape)?;
+    let end = &start + &Dim::Const(1);
+    Ok(Out::Value(scatter_slice(ctx, x, src, a, (start, end))?))
 }
 
 fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId> {
