@@ -16,7 +16,9 @@ VOCAB = 100
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 LAYERS = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
 BLOCK = {**LAYERS, "intermediate_size": 64}
-IMAGES = ("clip_vision", "siglip_vision", "swin", "convnext", "resnet", "segformer", "dinov2")
+IMAGES = (
+    "clip_vision", "siglip_vision", "swin", "convnext", "beit", "resnet", "segformer", "dinov2",
+)  # fmt: skip
 
 
 def _build(config_cls: Any, model_cls: Any, **config: Any) -> Callable[[], torch.nn.Module]:
@@ -147,13 +149,23 @@ ZOO: dict[str, Callable[[], torch.nn.Module]] = {
         num_heads=[2, 2],
         window_size=4,
     ),
+    # Four stages: the 7×7 depthwise convs of the last ones meet 2×2 and 1×1 maps.
     "convnext": _build(
         tf.ConvNextConfig,
         tf.ConvNextModel,
-        hidden_sizes=[8, 16],
-        depths=[1, 1],
-        num_stages=2,
+        hidden_sizes=[8, 16, 16, 16],
+        depths=[1, 1, 1, 1],
+        num_stages=4,
         image_size=32,
+    ),
+    # Its relative position table is built by writes into slices of a fresh tensor.
+    "beit": _build(
+        tf.BeitConfig,
+        tf.BeitModel,
+        image_size=32,
+        patch_size=8,
+        use_relative_position_bias=True,
+        **BLOCK,
     ),
     "resnet": _build(
         tf.ResNetConfig, tf.ResNetModel, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]
@@ -203,7 +215,7 @@ ZOO: dict[str, Callable[[], torch.nn.Module]] = {
 }
 
 # One per family that test_transformers.py does not already cover.
-DEFAULT = {"phi3", "falcon", "deberta_v2", "bart", "swin", "convnext", "whisper_encoder"}
+DEFAULT = {"phi3", "falcon", "deberta_v2", "bart", "swin", "convnext", "beit", "whisper_encoder"}
 
 
 def _inputs(name: str) -> dict[str, torch.Tensor]:
