@@ -205,16 +205,23 @@ fn bound(ctx: &Ctx, n: &NodeArgs, name: &str, pos: usize, size: &Dim, default: D
     })
 }
 
-fn slice(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
-    let x = tensor(ctx, n, "self", 0)?;
-    let a = axis(ctx, x, n.opt_int("dim", 1)?.unwrap_or(0))?;
-    let size = ctx.b.shape(x)[a].clone();
-    let start = bound(ctx, n, "start", 2, &size, Dim::Const(0))?;
-    let end = bound(ctx, n, "end", 3, &size, size.clone())?;
+/// The `start` and `end` arguments (at `pos`, `pos + 1`) of a slice along an axis of `size`,
+/// clamped as Python's slices are; an empty slice when `end` precedes `start`.
+fn slice_bounds(ctx: &Ctx, n: &NodeArgs, pos: usize, size: &Dim) -> Result<(Dim, Dim)> {
+    let start = bound(ctx, n, "start", pos, size, Dim::Const(0))?;
+    let end = bound(ctx, n, "end", pos + 1, size, size.clone())?;
     let end = match (start.as_const(), end.as_const()) {
         (Some(s), Some(e)) if e < s => Dim::Const(s),
         _ => end,
     };
+    Ok((start, end))
+}
+
+fn slice(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let a = axis(ctx, x, n.opt_int("dim", 1)?.unwrap_or(0))?;
+    let size = ctx.b.shape(x)[a].clone();
+    let (start, end) = slice_bounds(ctx, n, 2, &size)?;
     let step = n.opt_int("step", 4)?.unwrap_or(1);
     if step < 1 {
         return Err(Error::unsupported_because(
@@ -265,12 +272,7 @@ fn slice_scatter(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let src = tensor(ctx, n, "src", 1)?;
     let a = axis(ctx, x, n.opt_int("dim", 2)?.unwrap_or(0))?;
     let size = ctx.b.shape(x)[a].clone();
-    let start = bound(ctx, n, "start", 3, &size, Dim::Const(0))?;
-    let end = bound(ctx, n, "end", 4, &size, size.clone())?;
-    let end = match (start.as_const(), end.as_const()) {
-        (Some(s), Some(e)) if e < s => Dim::Const(s),
-        _ => end,
-    };
+    let (start, end) = slice_bounds(ctx, n, 3, &size)?;
     let step = n.opt_int("step", 5)?.unwrap_or(1);
     if step != 1 {
         return Err(Error::unsupported_because(
