@@ -93,14 +93,14 @@ def _program_json(archive: bytes) -> bytes:
 def _store(path: str, archive: bytes, exported: Exported, model: torch.nn.Module) -> None:
     state = _model_state(model)
     constants = {
-        name: t.detach().clone()
-        for name, t in exported.weights.items()
-        if name not in state or state[name] is not t
+        name: t for name, t in exported.weights.items() if name not in state or state[name] is not t
     }
     size = sum(t.numel() * t.element_size() for t in constants.values())
     if size > _MAX_CONSTANT_BYTES:
         _log.debug("ember: not caching an export with %d bytes of constants", size)
         return
+    # Compact copies: torch.save of a view would write its whole storage.
+    constants = {name: t.detach().clone() for name, t in constants.items()}
     try:
         meta = {"out_spec": pytree.treespec_dumps(exported.out_spec)}
         constants_bytes = io.BytesIO()

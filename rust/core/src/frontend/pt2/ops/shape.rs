@@ -290,18 +290,7 @@ fn select_scatter(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let src = tensor(ctx, n, "src", 1)?;
     let a = axis(ctx, x, n.int("dim", 2)?)?;
     let index = n.int("index", 3)?;
-    let size = ctx.b.shape(x)[a].clone();
-    let start = match size.as_const() {
-        Some(s) if index < -s || index >= s => {
-            return Err(Error::Shape(format!(
-                "select_scatter index {index} out of range for dim {a} of size {s} at node '{}'",
-                n.name
-            )))
-        }
-        Some(s) => Dim::Const(if index < 0 { index + s } else { index }),
-        None if index < 0 => &size + &Dim::Const(index),
-        None => Dim::Const(index),
-    };
+    let start = select_start(ctx, x, a, index)?;
     let mut shape = ctx.b.shape(src);
     if shape.len() + 1 != ctx.b.rank(x) {
         return Err(Error::Shape(format!(
@@ -317,10 +306,11 @@ fn select_scatter(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     Ok(Out::Value(scatter_slice(ctx, x, src, a, (start, end))?))
 }
 
-fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId> {
-    let shape = ctx.b.shape(x);
-    let size = &shape[a];
-    let start = match size.as_const() {
+/// Where `index` (negative: from the end) lies along axis `a` of `x`; out of range is an
+/// error naming the node.
+fn select_start(ctx: &Ctx, x: ValueId, a: usize, index: i64) -> Result<Dim> {
+    let size = ctx.b.shape(x)[a].clone();
+    Ok(match size.as_const() {
         Some(s) if index < -s || index >= s => {
             return Err(Error::Shape(format!(
                 "index {index} out of range for dim {a} of size {s} at node '{}'",
@@ -328,9 +318,14 @@ fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId>
             )))
         }
         Some(s) => Dim::Const(if index < 0 { index + s } else { index }),
-        None if index < 0 => size + &Dim::Const(index),
+        None if index < 0 => &size + &Dim::Const(index),
         None => Dim::Const(index),
-    };
+    })
+}
+
+fn select_at(ctx: &mut Ctx, x: ValueId, a: usize, index: i64) -> Result<ValueId> {
+    let shape = ctx.b.shape(x);
+    let start = select_start(ctx, x, a, index)?;
     let end = &start + &Dim::Const(1);
     let s = ctx.b.slice(x, a, start, end, 1)?;
     let mut new = shape.clone();
