@@ -29,6 +29,21 @@ def _ops_model(dtype: torch.dtype):
     return fn
 
 
+def _routing_model(dtype: torch.dtype):
+    """A mixture-of-experts layer's routing: top-2 experts, tokens sorted by expert, tokens
+    per expert, and the grouped product."""
+
+    def fn(x, logits, w):
+        _, experts = logits.topk(2, dim=-1)
+        ids, order = experts.reshape(-1).sort()
+        counts = torch.histc(ids.float(), bins=w.shape[0], min=0, max=w.shape[0] - 1)
+        ends = counts.cumsum(0).to(torch.int32)
+        rows = x[order // 2].to(dtype)
+        return torch.nn.functional.grouped_mm(rows, w.to(dtype), offs=ends), x.argsort(dim=0)
+
+    return fn
+
+
 def _models() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
     torch.manual_seed(0)
     step = LlamaDecodeStep(Llama(SMALL)).eval()
@@ -63,6 +78,14 @@ def _sources() -> dict[str, dict]:
             [rand(5, 7), torch.randint(0, 7, (5, 4))],
         )
         for dt in (torch.float16, torch.bfloat16, torch.float64)
+    ]
+    cases += [
+        (
+            f"routing_{dt}",
+            _Fn(_routing_model(dt)),
+            [rand(6, 8), rand(6, 4), rand(4, 8, 16)],
+        )
+        for dt in (torch.float32, torch.bfloat16)
     ]
     for name, model, args in cases:
         ep = export_program(model, args)

@@ -4,7 +4,6 @@ inputs, and greedy generation compared token for token with a bound on compiled 
 
 from collections.abc import Callable
 
-import ember
 import pytest
 import torch
 from ember.backend import programs_compiled
@@ -176,33 +175,35 @@ def test_greedy_generate_with_static_cache():
     )
 
 
-def test_moe_with_the_default_grouped_experts():
-    """transformers' default MoE experts ("grouped_mm") sort tokens by expert (aten.sort,
-    aten.histc) and run a data-dependent grouped matmul in a custom op. Ember has no sort
-    and cannot compile custom ops: those run eagerly, the rest as compiled regions."""
-    config = transformers.Qwen2MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        initializer_range=INIT,
-    )
-    model = transformers.Qwen2MoeForCausalLM(config).eval()
-    ids = torch.randint(0, VOCAB, (2, 7))
-    strict = torch.compile(model, backend="ember", options={"fallback": "error"})
-    with torch.no_grad(), pytest.raises(ember.UnsupportedOpError, match="grouped_mm"):
-        strict(ids)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="ember")
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])
+def test_moe_with_the_default_grouped_experts(name):
+    """transformers' default MoE experts ("grouped_mm") sort the routed tokens by expert
+    (aten.sort), count tokens per expert (aten.histc) and run a grouped product
+    (transformers' grouped_mm_fallback op on CPU): all compiled, nothing left to eager."""
+    common = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_experts_per_tok": 2,
+        "initializer_range": INIT,
+    }
+    if name == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(
+            num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=32, **common
+        )
+        model_class = transformers.Qwen2MoeForCausalLM
+    else:
+        config = transformers.MixtralConfig(num_local_experts=4, **common)
+        model_class = transformers.MixtralForCausalLM
+    model = model_class(config).eval()
+    assert model.config._experts_implementation == "grouped_mm"
+    compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
     before = programs_compiled()
     with torch.no_grad():
-        with pytest.warns(UserWarning, match=r"aten\.sort.*grouped_mm.*compiled region"):
-            got = compiled(ids).logits
-        torch.testing.assert_close(got, model(ids).logits, **TOL)
+        for _ in range(2):
+            ids = torch.randint(0, VOCAB, (2, 7))
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits, **TOL)
     assert programs_compiled() > before

@@ -463,6 +463,8 @@ fn eval(
         Op::IndexSelect { axis } => index::index_select(arg(0)?, arg(1)?, *axis, shape),
         Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),
         Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
+        Op::Argsort { axis, descending } => reduce::argsort(arg(0)?, *axis, *descending),
+        Op::GroupedDot => dot::grouped_dot(arg(0)?, arg(1)?, arg(2)?, threads),
         Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => Err(CpuError::Internal(
             "norms are written into a destination (`rows_into`)".into(),

@@ -6,4 +6,4 @@ pub mod conv;
 pub mod onnx;
 pub mod pt2;
 pub mod resample;
-pub mod topk;
+pub mod sort;

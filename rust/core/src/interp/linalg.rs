@@ -64,6 +64,48 @@ pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
     Ok(Value::from_data(a.dtype, shape, data))
 }
 
+/// `GroupedDot`: x `[S, K]`, w `[G, K, N]`, ends `[G]` → `[S, N]`, rows past the last
+/// (clamped) end zero.
+pub(crate) fn grouped_dot(x: &Value, w: &Value, ends: &Value) -> R<Value> {
+    let ([s, k], [g, k2, n], [g2]) = (&x.shape[..], &w.shape[..], &ends.shape[..]) else {
+        return Err(format!(
+            "grouped dot of {:?} and {:?} by {:?}",
+            x.shape, w.shape, ends.shape
+        ));
+    };
+    let (s, k, g, n) = (*s, *k, *g, *n);
+    if k != *k2 || g != *g2 || x.dtype != w.dtype {
+        return Err(format!(
+            "grouped dot of {} {:?} and {} {:?} by {:?}",
+            x.dtype, x.shape, w.dtype, w.shape, ends.shape
+        ));
+    }
+    let total = checked_numel(&[s, n]).ok_or("shape overflows")?;
+    let mut rows = Vec::with_capacity(s);
+    let mut start = 0usize;
+    for (group, &end) in ends.to_i64_vec().iter().enumerate() {
+        let end = (end.clamp(0, s as i64) as usize).max(start);
+        rows.extend((start..end).map(|_| Some(group)));
+        start = end;
+    }
+    rows.resize(s, None);
+    let data = match (&x.data, &w.data) {
+        (Data::F(a), Data::F(b)) => {
+            let mut out = vec![0.0; total];
+            for (r, group) in rows.iter().enumerate() {
+                let Some(e) = group else { continue };
+                let b = &b[e * k * n..];
+                for j in 0..n {
+                    out[r * n + j] = (0..k).map(|p| a[r * k + p] * b[p * n + j]).sum();
+                }
+            }
+            Data::F(out)
+        }
+        _ => return Err(format!("grouped dot of {}", x.dtype)),
+    };
+    Ok(Value::from_data(x.dtype, vec![s, n], data))
+}
+
 fn floats<'a>(x: &'a Value, what: &str) -> R<&'a [f64]> {
     match &x.data {
         Data::F(v) => Ok(v),

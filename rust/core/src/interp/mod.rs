@@ -222,6 +222,8 @@ fn eval_node<'a>(
             movement::scatter(x()?, *axis, one(args, 1)?, one(args, 2)?, *reduce)?
         }
         Op::Cumsum { axis } => reduce::cumsum(*axis, x()?)?,
+        Op::Argsort { axis, descending } => reduce::argsort(*axis, *descending, x()?)?,
+        Op::GroupedDot => linalg::grouped_dot(x()?, one(args, 1)?, one(args, 2)?)?,
         Op::Softmax { axis, log } => reduce::softmax(*axis, *log, x()?)?,
         Op::LayerNorm {
             axis,

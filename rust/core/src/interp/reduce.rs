@@ -172,6 +172,43 @@ pub(crate) fn cumsum(axis: usize, x: &Value) -> R<Value> {
     Ok(Value::from_data(x.dtype, x.shape.clone(), data))
 }
 
+/// Stable sort positions of each line along `axis`; NaN ranks above every number.
+pub(crate) fn argsort(axis: usize, descending: bool, x: &Value) -> R<Value> {
+    use std::cmp::Ordering;
+    let (outer, n, inner) = lines(&x.shape, axis)?;
+    let ascending = |a: usize, b: usize| -> Ordering {
+        match &x.data {
+            Data::F(v) => match (v[a].is_nan(), v[b].is_nan()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                // -0.0 and 0.0 compare equal, as torch's comparisons do.
+                _ => v[a].partial_cmp(&v[b]).unwrap_or(Ordering::Equal),
+            },
+            Data::I(v) => v[a].cmp(&v[b]),
+        }
+    };
+    let mut out = vec![0i64; x.numel()];
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            order.clear();
+            order.extend(0..n);
+            // `sort_by` is stable, so equal elements keep their order in both directions.
+            if descending {
+                order.sort_by(|&a, &b| ascending(at(b), at(a)));
+            } else {
+                order.sort_by(|&a, &b| ascending(at(a), at(b)));
+            }
+            for (j, &src) in order.iter().enumerate() {
+                out[at(j)] = src as i64;
+            }
+        }
+    }
+    Ok(Value::from_i64(DType::I64, x.shape.clone(), out))
+}
+
 fn floats<'a>(x: &'a Value, what: &str) -> R<&'a [f64]> {
     match &x.data {
         Data::F(v) => Ok(v),

@@ -381,6 +381,40 @@ pub fn infer_type(
             shape.extend(x.shape[axis + 1..].iter().cloned());
             TensorType::new(x.dtype, shape)
         }
+        Op::Argsort { axis, .. } => {
+            let x = single_input(op, inputs)?;
+            check_axis(*axis, x.rank(), op)?;
+            TensorType::new(DType::I64, x.shape.clone())
+        }
+        Op::GroupedDot => {
+            arity(op, inputs, 3)?;
+            let (x, w, ends) = (inputs[0], inputs[1], inputs[2]);
+            if x.rank() != 2
+                || w.rank() != 3
+                || ends.rank() != 1
+                || x.dtype != w.dtype
+                || !x.dtype.is_float()
+            {
+                return shape_err(format!(
+                    "grouped dot needs x [S, K], w [G, K, N] of one float dtype and ends [G]: \
+                     {} {} x {} {} by {}",
+                    x.dtype,
+                    format_shape(&x.shape),
+                    w.dtype,
+                    format_shape(&w.shape),
+                    format_shape(&ends.shape)
+                ));
+            }
+            if !ends.dtype.is_int() {
+                return shape_err(format!(
+                    "grouped dot ends must be integers, got {}",
+                    ends.dtype
+                ));
+            }
+            same_dim(&x.shape[1], &w.shape[1], "grouped dot contraction dim")?;
+            same_dim(&w.shape[0], &ends.shape[0], "grouped dot group count")?;
+            TensorType::new(x.dtype, vec![x.shape[0].clone(), w.shape[2].clone()])
+        }
         Op::Cumsum { axis } | Op::Softmax { axis, .. } => {
             let x = single_input(op, inputs)?;
             check_axis(*axis, x.rank(), op)?;

@@ -368,6 +368,19 @@ pub enum Op {
     Cumsum {
         axis: usize,
     },
+    /// The positions that sort each line along `axis` (i64, the input's shape): ascending or
+    /// descending, stable (equal elements keep their order). NaN ranks above every number
+    /// (last ascending, first descending), as in torch.
+    Argsort {
+        axis: usize,
+        descending: bool,
+    },
+    /// Grouped matrix product (mixture-of-experts experts): inputs x `[S, K]`, w `[G, K, N]`
+    /// and ends `[G]` (integer, non-decreasing). Row s of the output `[S, N]` is x[s]·w[g]
+    /// for the group with `ends[g-1] ≤ s < ends[g]` (`ends[-1]` = 0); rows past the last end
+    /// are zero. Ends are clamped into `[previous end, S]`, so a bad offset empties groups
+    /// instead of reading out of bounds.
+    GroupedDot,
     /// Softmax (or log-softmax) along `axis`.
     Softmax {
         axis: usize,
@@ -449,6 +462,8 @@ impl Op {
             Op::IndexSelect { .. } => "index_select".into(),
             Op::Scatter { .. } => "scatter".into(),
             Op::Cumsum { .. } => "cumsum".into(),
+            Op::Argsort { .. } => "argsort".into(),
+            Op::GroupedDot => "grouped_dot".into(),
             Op::Softmax { log: false, .. } => "softmax".into(),
             Op::Softmax { log: true, .. } => "log_softmax".into(),
             Op::LayerNorm { .. } => "layer_norm".into(),

@@ -31,6 +31,9 @@ impl fmt::Display for Graph {
                 | Op::Gather { axis }
                 | Op::IndexSelect { axis }
                 | Op::Cumsum { axis } => format!("axis={axis}"),
+                Op::Argsort { axis, descending } => {
+                    format!("axis={axis} descending={descending}")
+                }
                 Op::Scatter { axis, reduce } => format!("axis={axis} reduce={reduce:?}"),
                 Op::Softmax { axis, .. } => format!("axis={axis}"),
                 Op::LayerNorm { axis, eps, .. } | Op::RmsNorm { axis, eps, .. } => {

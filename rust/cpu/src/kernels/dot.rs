@@ -9,7 +9,7 @@ use super::elementwise::cast;
 use super::sgemm::{self, Operand, Packed, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
-use crate::elem::{IntElem, B8};
+use crate::elem::{Elem, IntElem, B8};
 use crate::error::{CpuError, KResult};
 use crate::par;
 use crate::strided::batch_offsets;
@@ -216,6 +216,82 @@ pub unsafe fn gemm_into<T: GemmElem>(
             par,
         )
     }
+}
+
+/// `GroupedDot`: rows `ends[g-1]..ends[g]` of x `[S, K]` times w[g] (`[G, K, N]`), each
+/// group one GEMM on strided views (a transposed w needs no copy); rows past the last end
+/// stay zero. Ends are clamped into `[previous end, S]`.
+pub fn grouped_dot(x: &Val, w: &Val, ends: &Val, threads: usize) -> KResult<Val> {
+    let (sx, sw) = (x.shape(), w.shape());
+    let ([s, k], [g, k2, n]) = (sx, sw) else {
+        return Err(CpuError::Shape(format!("grouped dot of {sx:?} and {sw:?}")));
+    };
+    let (s, k, n) = (*s, *k, *n);
+    if k != *k2 || ends.shape() != [*g] || x.dtype != w.dtype {
+        return Err(CpuError::Shape(format!(
+            "grouped dot of {} {sx:?} and {} {sw:?} by {:?}",
+            x.dtype,
+            w.dtype,
+            ends.shape()
+        )));
+    }
+    let ends: Vec<i64> = crate::with_dtype!(ends.dtype, E => {
+        let v = ends.view::<E>()?;
+        (0..*g as isize).map(|i| v.at(i * v.strides[0]).to_i64()).collect()
+    });
+    let mut groups = Vec::with_capacity(ends.len());
+    let mut start = 0usize;
+    for &end in &ends {
+        let end = (end.clamp(0, s as i64) as usize).max(start);
+        groups.push(start..end);
+        start = end;
+    }
+    let dims = (s, k, n);
+    match x.dtype {
+        DType::F32 => grouped_gemm::<f32>(x, w, &groups, dims, threads),
+        DType::F64 => grouped_gemm::<f64>(x, w, &groups, dims, threads),
+        DType::F16 => grouped_gemm::<f16>(x, w, &groups, dims, threads),
+        DType::BF16 => {
+            let (x, w) = (cast(x, DType::F32)?, cast(w, DType::F32)?);
+            cast(
+                &grouped_gemm::<f32>(&x, &w, &groups, dims, threads)?,
+                DType::BF16,
+            )
+        }
+        d => Err(CpuError::Unsupported(format!("grouped dot of {d}"))),
+    }
+}
+
+fn grouped_gemm<T: GemmElem + Elem>(
+    x: &Val,
+    w: &Val,
+    groups: &[std::ops::Range<usize>],
+    (s, k, n): (usize, usize, usize),
+    threads: usize,
+) -> KResult<Val> {
+    let (xv, wv) = (x.view::<T>()?, w.view::<T>()?);
+    Val::build::<T>(x.dtype, &[s, n], |out| {
+        for (group, rows) in groups.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let a = Mat {
+                ptr: xv.ptr.wrapping_offset(rows.start as isize * xv.strides[0]),
+                rs: xv.strides[0],
+                cs: xv.strides[1],
+            };
+            let b = Mat {
+                ptr: wv.ptr.wrapping_offset(group as isize * wv.strides[0]),
+                rs: wv.strides[1],
+                cs: wv.strides[2],
+            };
+            let dst = &mut out[rows.start * n..rows.end * n];
+            // SAFETY: a addresses rows.len()×k elements of x and b k×n of w's group (both
+            // inside the checked views, alive for the call); dst holds rows.len()×n.
+            unsafe { gemm_into(dst, n, (rows.len(), n, k), a, b, threads) };
+        }
+        Ok(())
+    })
 }
 
 /// Checks `[B.., M, K] × [B.., K, N]` and returns (batch dims, M, K, N).

@@ -1,4 +1,5 @@
-//! Reductions over any set of axes (sum, prod, max, min, argmax, argmin) and cumsum. Float
+//! Reductions over any set of axes (sum, prod, max, min, argmax, argmin), cumsum and
+//! argsort. Float
 //! sums and products accumulate in f64; integers wrap; bool sum/max is "any", prod/min "all".
 
 use ember_core::dtype::DType;
@@ -255,4 +256,63 @@ pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
         DType::I64 => int!(i64),
         DType::Bool => go!(B8, false, |a: bool, s: B8| a | s.get(), B8::new),
     }
+}
+
+/// Stable sort positions of each line along `axis` (i64); NaN ranks above every number.
+pub fn argsort(x: &Val, axis: usize, descending: bool) -> KResult<Val> {
+    let rank = x.shape().len();
+    if axis >= rank {
+        return Err(CpuError::Shape(format!(
+            "argsort axis {axis} of shape {:?}",
+            x.shape()
+        )));
+    }
+    let perm = axis_last_perm(rank, axis);
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    crate::with_dtype!(x.dtype, T => {
+        let v = x.view::<T>()?.permuted(&perm);
+        let out = Val::build::<i64>(DType::I64, &shape, |o| {
+            if T::IS_FLOAT {
+                sort_rows(&v, o, descending, T::to_f64);
+            } else {
+                sort_rows(&v, o, descending, T::to_i64);
+            }
+            Ok(())
+        })?;
+        unpermute(out, &perm)
+    })
+}
+
+/// Writes each row's sort positions; `key` maps elements to a type whose `partial_cmp` is
+/// None only for NaN (ranked last ascending).
+fn sort_rows<T: Copy + Send + Sync, K: PartialOrd + Copy>(
+    v: &View<T>,
+    out: &mut [i64],
+    descending: bool,
+    key: impl Fn(T) -> K + Sync,
+) {
+    use std::cmp::Ordering;
+    let ascending = |a: K, b: K| match a.partial_cmp(&b) {
+        Some(o) => o,
+        // Only NaN is unordered: it ranks above every number, and equal to another NaN.
+        #[allow(clippy::eq_op)]
+        None => match (a != a, b != b) {
+            (true, true) => Ordering::Equal,
+            (true, false) => Ordering::Greater,
+            _ => Ordering::Less,
+        },
+    };
+    for_rows(v, out, |row, out_row| {
+        let keys: Vec<K> = row.iter().map(|&e| key(e)).collect();
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        // `sort_by` is stable: equal elements keep their order in both directions.
+        if descending {
+            order.sort_by(|&a, &b| ascending(keys[b], keys[a]));
+        } else {
+            order.sort_by(|&a, &b| ascending(keys[a], keys[b]));
+        }
+        for (d, &src) in out_row.iter_mut().zip(&order) {
+            *d = src as i64;
+        }
+    });
 }

@@ -154,6 +154,8 @@ impl<'a> Generator<'a> {
                 has_weight,
             } => self.norm(id, *axis, *eps, *has_weight, false, true),
             Op::Cumsum { axis } => self.cumsum(id, *axis),
+            Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
+            Op::GroupedDot => self.grouped_dot(id),
             Op::Attention {
                 scale,
                 causal,
@@ -477,6 +479,101 @@ impl<'a> Generator<'a> {
         e.close();
         let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&lines))))
+    }
+
+    /// One thread per element: its rank in its line (how many elements sort before it,
+    /// ties by position, NaN above every number) is where its position is written.
+    /// Quadratic in the line's length, which suits the short lines sorts see in models
+    /// (routing tokens by expert).
+    fn argsort(
+        &mut self,
+        id: usize,
+        axis: usize,
+        descending: bool,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let x = g.nodes[id].inputs[0];
+        let shape = g.nodes[id].ty.shape.clone();
+        let xdtype = g.nodes[x].ty.dtype;
+        let acc = accumulate_type(xdtype);
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 n = {};", e.dims.product(&shape)));
+        e.line(format!("const i64 len = {};", e.dim(&shape[axis])));
+        e.open(GRID_STRIDE);
+        let idx = e.unravel("i", &shape);
+        let vj = e.value(x, &idx)?;
+        e.line(format!("const {acc} vj = ({acc}){vj};"));
+        e.line("i64 rank = 0;");
+        e.open("for (i64 t = 0; t < len; ++t)");
+        let mut tidx = idx.clone();
+        tidx[axis] = "t".into();
+        let vt = e.value(x, &tidx)?;
+        e.line(format!("const {acc} vt = ({acc}){vt};"));
+        let j = &idx[axis];
+        let (first, nan) = match (xdtype.is_float(), descending) {
+            // NaN (x != x) ranks above every number and equal to another NaN.
+            (true, false) => (
+                "(vt < vj || (vj != vj && vt == vt))",
+                "(vt != vt && vj != vj)",
+            ),
+            (true, true) => (
+                "(vt > vj || (vt != vt && vj == vj))",
+                "(vt != vt && vj != vj)",
+            ),
+            (false, false) => ("vt < vj", "false"),
+            (false, true) => ("vt > vj", "false"),
+        };
+        e.line(format!(
+            "rank += ({first} || ((vt == vj || {nan}) && t < {j})) ? 1 : 0;"
+        ));
+        e.close();
+        let mut oidx = idx.clone();
+        oidx[axis] = "rank".into();
+        let off = e.offset(&oidx, &shape);
+        e.line(format!("out[{off}] = {j};"));
+        e.close();
+        let body = Body::of(e, false);
+        Ok(self.add(id, body, Launch::Elements(numel(&shape))))
+    }
+
+    /// Grouped matrix product: one thread per output element finds its row's group
+    /// (ends clamped into [previous end, S]) and sums over K; rows past the last end are 0.
+    fn grouped_dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        let acc = accumulate_type(dtype);
+        let (x, w, ends) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+        let out = n.ty.shape.clone();
+        let groups = g.nodes[w].ty.shape[0].clone();
+        let mut e = self.emitter(None);
+        e.line(format!("const i64 n = {};", e.dims.product(&out)));
+        e.line(format!("const i64 S = {};", e.dim(&out[0])));
+        e.line(format!("const i64 K = {};", e.dim(&g.nodes[x].ty.shape[1])));
+        e.line(format!("const i64 G = {};", e.dim(&groups)));
+        e.open(GRID_STRIDE);
+        let oidx = e.unravel("i", &out);
+        let (row, col) = (oidx[0].clone(), oidx[1].clone());
+        e.line("i64 group = -1, start = 0;");
+        e.open("for (i64 q = 0; q < G; ++q)");
+        let end = e.value(ends, &["q".to_string()])?;
+        e.line(format!("i64 end = (i64)({end});"));
+        e.line("end = end < start ? start : (end > S ? S : end);");
+        e.line(format!("if ({row} < end) {{ group = q; break; }}"));
+        e.line("start = end;");
+        e.close();
+        e.line(format!("{acc} s = 0;"));
+        e.open("if (group >= 0)");
+        e.open("for (i64 k = 0; k < K; ++k)");
+        let xv = e.value(x, &[row, "k".into()])?;
+        let wv = e.value(w, &["group".into(), "k".into(), col])?;
+        e.line(format!("s += ({acc}){xv} * ({acc}){wv};"));
+        e.close();
+        e.close();
+        e.line(format!("out[i] = {};", store(dtype, "s")));
+        e.close();
+        let body = Body::of(e, false);
+        Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
 
     /// One block per query row: scores into scratch, softmax, then the weighted sum of values.

@@ -146,6 +146,8 @@ fn is_heavy(op: &Op) -> bool {
             | Op::LayerNorm { .. }
             | Op::RmsNorm { .. }
             | Op::Cumsum { .. }
+            | Op::Argsort { .. }
+            | Op::GroupedDot
             | Op::Attention { .. }
             | Op::Conv { .. }
             | Op::Pool { .. }
@@ -171,7 +173,12 @@ fn is_view(op: &Op) -> bool {
 fn inlines_compute(op: &Op) -> bool {
     !matches!(
         op,
-        Op::Dot | Op::Attention { .. } | Op::Conv { .. } | Op::Pool { .. }
+        Op::Dot
+            | Op::GroupedDot
+            | Op::Argsort { .. }
+            | Op::Attention { .. }
+            | Op::Conv { .. }
+            | Op::Pool { .. }
     )
 }
 

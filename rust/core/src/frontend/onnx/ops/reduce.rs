@@ -156,10 +156,9 @@ fn arg_reduce(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 }
 
 /// `TopK` (K a constant input): values and int64 indices of the K largest (or smallest)
-/// along `axis`, best first, ties to the lower index; by repeated selection
-/// (`frontend::topk`), so K is at most `MAX_K`.
+/// along `axis`, best first, ties to the lower index (`frontend::sort`).
 fn top_k(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    use crate::frontend::topk::{select_rounds, MAX_K};
+    use crate::frontend::sort::top_k;
     let x = ctx.input(n, 0)?;
     let k = match ctx.const_ints(n, 1, "K")?.as_slice() {
         [k] => *k,
@@ -174,16 +173,14 @@ fn top_k(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if ctx.b.dtype(x) == crate::dtype::DType::Bool {
         return Err(n.err("TopK of a bool tensor"));
     }
-    if !(1..=MAX_K).contains(&k) {
-        return Err(n.unsupported(format!(
-            "K = {k}: TopK runs as K selection rounds, between 1 and {MAX_K}"
-        )));
+    if k < 1 {
+        return Err(n.err(format!("K = {k}: TopK needs K ≥ 1")));
     }
     if let Some(size) = ctx.b.shape(x)[a].as_const() {
         if k > size {
             return Err(n.err(format!("K = {k} exceeds the axis's size {size}")));
         }
     }
-    let (values, indices) = select_rounds(&mut ctx.b, x, a, k, largest)?;
+    let (values, indices) = top_k(&mut ctx.b, x, a, k, largest)?;
     Ok(vec![Val::of(values), Val::of(indices)])
 }

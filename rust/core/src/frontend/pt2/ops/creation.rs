@@ -14,7 +14,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("full", "default") => |c, n| full(c, n, None, "size", 0),
         ("zeros", "default") => |c, n| full(c, n, Some(Scalar::Int(0)), "size", 0),
         ("ones", "default") => |c, n| full(c, n, Some(Scalar::Int(1)), "size", 0),
-        ("empty", "memory_format" | "default") => {
+        // Uninitialized memory reads as zeros (`empty_permuted`'s layout is not a value).
+        ("empty" | "empty_permuted", "memory_format" | "default") => {
             |c, n| full(c, n, Some(Scalar::Int(0)), "size", 0)
         }
         ("new_full", "default") => |c, n| full(c, n, None, "size", 1),

@@ -1,5 +1,7 @@
 //! Matrix products: mm, bmm, addmm, baddbmm, linear, matmul (with broadcasting), dot —
-//! all lowered to the IR's one batched contraction `Dot`.
+//! all lowered to the IR's one batched contraction `Dot` — and the grouped products of
+//! mixture-of-experts layers (`_grouped_mm`, transformers' `grouped_mm_fallback`), lowered
+//! to `GroupedDot`.
 
 use super::{operand, tensor, Handler};
 use crate::dtype::Scalar;
@@ -8,15 +10,75 @@ use crate::frontend::builder::Builder;
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
         ("mm" | "bmm" | "matmul" | "dot" | "mv", "default") => product,
         ("addmm" | "baddbmm" | "addmv", "default") => add_product,
         ("linear", "default") => linear,
+        ("_grouped_mm", "default") => grouped_mm,
         _ => return None,
     })
+}
+
+/// transformers' custom op for grouped products where torch's `_grouped_mm` cannot run
+/// (`torch.ops.transformers.grouped_mm_fallback`): the same product, zeros past the last
+/// offset.
+pub fn transformers_grouped_mm(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "input", 0)?;
+    let w = tensor(ctx, n, "weight", 1)?;
+    let offs = tensor(ctx, n, "offs", 2)?;
+    grouped(ctx, n, x, w, offs)
+}
+
+/// `_grouped_mm(self [S, K], mat2 [G, K, N], offs [G])`: the mixture-of-experts form, rows
+/// grouped by the cumulative offsets (torch leaves rows past the last offset unwritten;
+/// Ember gives zeros). Its other forms (3-D × 3-D batches, 2-D × 2-D groups along K) and a
+/// bias are refused, naming what was passed.
+fn grouped_mm(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let w = tensor(ctx, n, "mat2", 1)?;
+    let offs = n.opt_tensor("offs", 2)?;
+    let bias = n.opt_tensor("bias", 3)?;
+    let out_dtype = n.dtype("out_dtype", 4)?;
+    let (rx, rw) = (ctx.b.rank(x), ctx.b.rank(w));
+    let refuse = |why: String| Err(Error::unsupported_because(n.target.clone(), &n.name, why));
+    let Some(offs) = offs else {
+        return refuse(format!(
+            "_grouped_mm without offsets (rank {rx} × rank {rw})"
+        ));
+    };
+    if rx != 2 || rw != 3 {
+        return refuse(format!(
+            "_grouped_mm of rank {rx} × rank {rw}: only the 2-D × 3-D (mixture-of-experts) \
+             form is supported"
+        ));
+    }
+    if bias.is_some() {
+        return refuse("_grouped_mm with a bias".into());
+    }
+    if out_dtype.is_some_and(|d| d != ctx.b.dtype(x)) {
+        return refuse(format!(
+            "_grouped_mm with out_dtype {} from {}",
+            out_dtype.unwrap_or(ctx.b.dtype(x)),
+            ctx.b.dtype(x)
+        ));
+    }
+    let offs = ctx.value(offs)?;
+    grouped(ctx, n, x, w, offs)
+}
+
+fn grouped(ctx: &mut Ctx, n: &NodeArgs, x: ValueId, w: ValueId, ends: ValueId) -> Result<Out> {
+    let (dx, dw) = (ctx.b.dtype(x), ctx.b.dtype(w));
+    if dx != dw || !dx.is_float() {
+        return Err(Error::unsupported_because(
+            n.target.clone(),
+            &n.name,
+            format!("grouped product of {dx} and {dw}: floats of one dtype only"),
+        ));
+    }
+    Ok(Out::Value(ctx.b.op(Op::GroupedDot, &[x, w, ends])?))
 }
 
 fn product(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {

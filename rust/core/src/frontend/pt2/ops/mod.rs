@@ -13,8 +13,8 @@ mod pool;
 mod reduce;
 mod resize;
 mod shape;
+mod sort;
 mod symint;
-mod topk;
 
 use super::args::{Arg, NodeArgs, SymRef};
 use super::translate::{Ctx, Out};
@@ -28,7 +28,12 @@ pub type Handler = fn(&mut Ctx, &NodeArgs) -> Result<Out>;
 /// The translation function for `target`, or `None` when Ember does not support it.
 pub fn handler(target: &str) -> Option<Handler> {
     let Some(rest) = target.strip_prefix("torch.ops.aten.") else {
-        return symint::handler(target);
+        return match target {
+            "torch.ops.transformers.grouped_mm_fallback.default" => {
+                Some(linalg::transformers_grouped_mm)
+            }
+            _ => symint::handler(target),
+        };
     };
     let (name, overload) = rest.split_once('.').unwrap_or((rest, "default"));
     elementwise::handler(name, overload)
@@ -42,7 +47,7 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| group_norm::handler(name, overload))
         .or_else(|| pool::handler(name, overload))
         .or_else(|| resize::handler(name, overload))
-        .or_else(|| topk::handler(name, overload))
+        .or_else(|| sort::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.

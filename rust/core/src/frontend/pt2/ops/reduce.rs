@@ -1,13 +1,14 @@
 //! Reductions: sum, mean, prod, amax/amin, max/min (values and indices), argmax/argmin,
-//! var/std, any/all, cumsum.
+//! var/std, any/all, cumsum, histc.
 
 use super::{axis, tensor, Handler};
+use crate::dim::{numel, Dim};
 use crate::dtype::{DType, Scalar};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -27,6 +28,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("any", "dim" | "dims" | "default") => |c, n| any_all(c, n, ReduceOp::Max),
         ("all", "dim" | "dims" | "default") => |c, n| any_all(c, n, ReduceOp::Min),
         ("cumsum", "default") => cumsum,
+        ("histc", "default") => histc,
         _ => return None,
     })
 }
@@ -211,4 +213,129 @@ fn cumsum(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         return Ok(Out::Value(x));
     }
     Ok(Out::Value(ctx.b.op(Op::Cumsum { axis: a }, &[x])?))
+}
+
+/// `histc`: counts of x's elements in `bins` equal bins over [min, max] (the data's range
+/// when min == max, widened by 1 each way when that is one value), in x's dtype. Elements
+/// outside the range (and NaN) are not counted; one equal to max counts in the last bin.
+/// As torch's kernel, an element's bin is the number of edges at or below it, the edges
+/// being torch's `linspace` computed in x's dtype. With C[i] the number of in-range
+/// elements at or above edge i, count[b] = C[b] − C[b+1]: one broadcast comparison and a
+/// sum, which fuse.
+fn histc(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let bins = n.opt_int("bins", 1)?.unwrap_or(100);
+    let min = n.float("min", 2)?.unwrap_or(0.0);
+    let max = n.float("max", 3)?.unwrap_or(0.0);
+    let dtype = ctx.b.dtype(x);
+    if !dtype.is_float() {
+        return Err(Error::unsupported_because(
+            n.target.clone(),
+            &n.name,
+            format!("histc of {dtype} (torch's CPU kernel takes floats only)"),
+        ));
+    }
+    if bins < 1 || min > max || !min.is_finite() || !max.is_finite() {
+        return Err(Error::Compile(format!(
+            "node '{}': histc needs bins ≥ 1 and finite min ≤ max, got bins = {bins}, \
+             min = {min}, max = {max}",
+            n.name
+        )));
+    }
+    let b = &mut ctx.b;
+    let count = numel(&b.shape(x));
+    let flat = b.reshape(x, vec![count])?;
+    let value =
+        |b: &mut crate::frontend::builder::Builder, v: f64| b.full(Scalar::Float(v), dtype, vec![]);
+    let (lo, hi) = if min == max {
+        let extreme = |b: &mut crate::frontend::builder::Builder, op| {
+            b.op(
+                Op::Reduce {
+                    op,
+                    axes: vec![0],
+                    keepdim: false,
+                },
+                &[flat],
+            )
+        };
+        let (lo, hi) = (extreme(b, ReduceOp::Min)?, extreme(b, ReduceOp::Max)?);
+        let same = b.binary(BinaryOp::Eq, Operand::Tensor(lo), Operand::Tensor(hi))?;
+        let one = Operand::Scalar(Scalar::Float(1.0));
+        let lower = b.binary(BinaryOp::Sub, Operand::Tensor(lo), one)?;
+        let upper = b.binary(BinaryOp::Add, Operand::Tensor(hi), one)?;
+        (
+            b.where_(same, Operand::Tensor(lower), Operand::Tensor(lo))?,
+            b.where_(same, Operand::Tensor(upper), Operand::Tensor(hi))?,
+        )
+    } else {
+        (value(b, min)?, value(b, max)?)
+    };
+    // The lower edges e[0..bins] of torch's linspace(lo, hi, bins + 1): the first half
+    // counted up from lo, the rest down from hi.
+    let i = b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(1),
+        },
+        TensorType::new(DType::I64, vec![Dim::Const(bins)]),
+    )?;
+    let fi = b.cast(i, dtype)?;
+    let width = b.binary(BinaryOp::Sub, Operand::Tensor(hi), Operand::Tensor(lo))?;
+    let step = b.binary(
+        BinaryOp::Div,
+        Operand::Tensor(width),
+        Operand::Scalar(Scalar::Float(bins as f64)),
+    )?;
+    let up = b.binary(BinaryOp::Mul, Operand::Tensor(step), Operand::Tensor(fi))?;
+    let up = b.binary(BinaryOp::Add, Operand::Tensor(lo), Operand::Tensor(up))?;
+    let rest = b.binary(
+        BinaryOp::Sub,
+        Operand::Scalar(Scalar::Float(bins as f64)),
+        Operand::Tensor(fi),
+    )?;
+    let down = b.binary(BinaryOp::Mul, Operand::Tensor(step), Operand::Tensor(rest))?;
+    let down = b.binary(BinaryOp::Sub, Operand::Tensor(hi), Operand::Tensor(down))?;
+    let first_half = b.binary(
+        BinaryOp::Lt,
+        Operand::Tensor(i),
+        Operand::Scalar(Scalar::Int((bins + 1) / 2)),
+    )?;
+    let edges = b.where_(first_half, Operand::Tensor(up), Operand::Tensor(down))?;
+    let edges = b.reshape(edges, vec![Dim::Const(bins), Dim::Const(1)])?;
+    // In range: lo ≤ x ≤ hi (false for NaN).
+    let above = b.binary(BinaryOp::Ge, Operand::Tensor(flat), Operand::Tensor(lo))?;
+    let below = b.binary(BinaryOp::Le, Operand::Tensor(flat), Operand::Tensor(hi))?;
+    let inside = b.binary(
+        BinaryOp::And,
+        Operand::Tensor(above),
+        Operand::Tensor(below),
+    )?;
+    let at_or_above = b.binary(BinaryOp::Ge, Operand::Tensor(flat), Operand::Tensor(edges))?;
+    let counted = b.binary(
+        BinaryOp::And,
+        Operand::Tensor(at_or_above),
+        Operand::Tensor(inside),
+    )?;
+    let counted = b.cast(counted, dtype)?;
+    let c = b.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keepdim: false,
+        },
+        &[counted],
+    )?;
+    let next = b.slice(c, 0, Dim::Const(1), Dim::Const(bins), 1)?;
+    let next = b.op(
+        Op::Pad {
+            pads: vec![(0, 1)],
+            value: Scalar::Float(0.0),
+        },
+        &[next],
+    )?;
+    Ok(Out::Value(b.binary(
+        BinaryOp::Sub,
+        Operand::Tensor(c),
+        Operand::Tensor(next),
+    )?))
 }

@@ -1,7 +1,8 @@
-//! top-k by repeated selection: k rounds of "the best element not yet chosen" along the
-//! axis, each a reduction, a comparison and a gather. The IR has no sort; for the small k of
-//! MoE routers (top-1 to top-8 of a few dozen experts) this costs k passes over the row.
-//! Shared by the PT2 `topk` and ONNX `TopK`.
+//! Sorting and top-k, shared by the PT2 `sort`/`argsort`/`topk` and ONNX `TopK`. A sort is
+//! an `Argsort` and a gather of the values at its positions. A small top-k (the top-1 to
+//! top-4 of MoE routers) runs as k rounds of "the best element not yet chosen" along the
+//! axis, each a reduction, a comparison and a gather, which fuse with their neighbours;
+//! a larger one is the first k of a sort.
 
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
@@ -9,13 +10,44 @@ use crate::error::Result;
 use crate::frontend::builder::{Builder, Operand};
 use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
 
-/// Beyond this many rounds the graph grows too large to be worth it; a sort op is needed.
-pub const MAX_K: i64 = 64;
+/// Up to this k, selection rounds; beyond it a sort (each round is a pass over the line).
+const MAX_ROUNDS: i64 = 4;
+
+/// `x` sorted along axis `a` as (values, i64 positions), stable; NaN ranks above every
+/// number (last ascending, first descending), as torch's sort.
+pub fn sort(b: &mut Builder, x: ValueId, a: usize, descending: bool) -> Result<(ValueId, ValueId)> {
+    let indices = b.op(
+        Op::Argsort {
+            axis: a,
+            descending,
+        },
+        &[x],
+    )?;
+    let values = b.op(Op::Gather { axis: a }, &[x, indices])?;
+    Ok((values, indices))
+}
+
+/// The k best elements of `x` along axis `a`, best first, as (values, i64 indices); ties go
+/// to the lower index and NaN counts as the largest value, as in torch.
+pub fn top_k(
+    b: &mut Builder,
+    x: ValueId,
+    a: usize,
+    k: i64,
+    largest: bool,
+) -> Result<(ValueId, ValueId)> {
+    if k <= MAX_ROUNDS {
+        return select_rounds(b, x, a, k, largest);
+    }
+    let (values, indices) = sort(b, x, a, largest)?;
+    let first = |b: &mut Builder, v: ValueId| b.slice(v, a, Dim::Const(0), Dim::Const(k), 1);
+    Ok((first(b, values)?, first(b, indices)?))
+}
 
 /// The k best elements of `x` along axis `a`, best first, as (values, i64 indices). Ties go
 /// to the lower index. NaN counts as the largest value, as in torch; with `largest = false`
 /// NaNs come last but rank equal to +inf (torch puts them after +inf).
-pub fn select_rounds(
+fn select_rounds(
     b: &mut Builder,
     x: ValueId,
     a: usize,

@@ -1,4 +1,4 @@
-//! `aten.topk` by repeated selection (`frontend::topk`).
+//! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`).
 
 use super::{axis, tensor, Handler};
 use crate::dim::Dim;
@@ -6,25 +6,59 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::frontend::topk::{select_rounds, MAX_K};
+use crate::frontend::sort::{sort, top_k};
+use crate::ir::ValueId;
+
+/// Where `dim` and `descending` sit: positional in the default overloads, keyword-only
+/// (after `*, stable`) in the `.stable` ones.
+const POSITIONAL: (usize, usize) = (1, 2);
+const KEYWORD: (usize, usize) = (usize::MAX, usize::MAX);
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
         ("topk", "default") => topk,
+        ("sort", "default") => |c, n| sort_values(c, n, POSITIONAL),
+        ("sort", "stable") => |c, n| sort_values(c, n, KEYWORD),
+        ("argsort", "default") => |c, n| argsort(c, n, POSITIONAL),
+        ("argsort", "stable") => |c, n| argsort(c, n, KEYWORD),
         _ => return None,
     })
+}
+
+/// (values, indices) of a sort. Ember's sort is always stable, which is one of the orders
+/// an unstable sort may return.
+fn sorted(ctx: &mut Ctx, n: &NodeArgs, (dim, desc): (usize, usize)) -> Result<(ValueId, ValueId)> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let descending = n.bool("descending", desc, false)?;
+    let d = n.opt_int("dim", dim)?.unwrap_or(-1);
+    if ctx.b.rank(x) == 0 {
+        // A 0-d tensor is sorted (torch accepts dim 0 or -1).
+        let idx = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+        return Ok((x, idx));
+    }
+    let a = axis(ctx, x, d)?;
+    sort(&mut ctx.b, x, a, descending)
+}
+
+fn sort_values(ctx: &mut Ctx, n: &NodeArgs, at: (usize, usize)) -> Result<Out> {
+    let (values, indices) = sorted(ctx, n, at)?;
+    Ok(Out::Values(vec![Some(values), Some(indices)]))
+}
+
+fn argsort(ctx: &mut Ctx, n: &NodeArgs, at: (usize, usize)) -> Result<Out> {
+    let (_, indices) = sorted(ctx, n, at)?;
+    Ok(Out::Value(indices))
 }
 
 fn topk(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
     let k = n.int("k", 1)?;
     let largest = n.bool("largest", 3, true)?;
-    if !(0..=MAX_K).contains(&k) {
-        return Err(Error::unsupported_because(
-            n.target.clone(),
-            &n.name,
-            format!("k = {k}: topk runs as k selection rounds, at most {MAX_K}"),
-        ));
+    if k < 0 {
+        return Err(Error::Compile(format!(
+            "node '{}': topk with k = {k}",
+            n.name
+        )));
     }
     let dtype = ctx.b.dtype(x);
     if dtype == DType::Bool {
@@ -59,6 +93,6 @@ fn topk(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         let indices = ctx.b.cast(values, DType::I64)?;
         return Ok(Out::Values(vec![Some(values), Some(indices)]));
     }
-    let (values, indices) = select_rounds(&mut ctx.b, x, a, k, largest)?;
+    let (values, indices) = top_k(&mut ctx.b, x, a, k, largest)?;
     Ok(Out::Values(vec![Some(values), Some(indices)]))
 }

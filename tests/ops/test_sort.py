@@ -1,0 +1,141 @@
+"""sort and argsort (an `Argsort` op: stable, NaN above every number), topk beyond a few
+rounds of selection, histc, and the grouped matrix products of mixture-of-experts layers."""
+
+import ember
+import pytest
+import torch
+from conftest import Fn, check, rand
+
+
+def _distinct(*shape: int) -> torch.Tensor:
+    """Distinct values: indices are unambiguous whatever the sort's stability."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.randperm(n).reshape(shape).float() - n / 2) / 7
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort(dim, descending, backend):
+    check(
+        lambda x: torch.sort(x, dim=dim, descending=descending),
+        [_distinct(4, 9, 5)],
+        backend,
+        new_inputs=[_distinct(4, 9, 5)],
+    )
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_stable_sort_keeps_ties_in_order(descending, backend):
+    """Many ties, NaNs, infinities and signed zeros: a stable sort has one right answer."""
+    x = rand(6, 40, dtype=torch.int64, low=-3, high=3).float()
+    x[0, :8] = torch.tensor([float("nan"), 1.0, float("nan"), -0.0, 0.0, float("inf"), 2, -2])
+    x[1, :4] = float("-inf")
+    check(lambda x: torch.sort(x, stable=True, descending=descending), [x], backend)
+    check(lambda x: torch.argsort(x, dim=0, stable=True, descending=descending), [x], backend)
+
+
+def test_argsort_of_ints_bools_and_transposed_inputs(backend):
+    ints = rand(7, 33, dtype=torch.int32, low=-50, high=50)
+    check(lambda x: torch.argsort(x.t(), dim=0, stable=True), [ints], backend)
+    bools = rand(3, 17, dtype=torch.bool)
+    check(lambda x: torch.sort(x, stable=True, descending=True), [bools], backend)
+    check(lambda x: torch.sort(x, dim=0), [torch.tensor(2.5)], backend)
+
+
+def test_sorted_values_feed_later_ops(backend):
+    """A median-like use: the sort's values are sliced and combined."""
+
+    def middle(x):
+        values, order = x.sort(dim=-1)
+        return values[..., 3:-3].mean(-1) + order[..., :2].float().sum(-1)
+
+    check(middle, [_distinct(5, 16)], backend)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_with_a_large_k(largest, backend):
+    check(lambda x: torch.topk(x, 65, largest=largest), [_distinct(3, 100)], backend)
+
+
+def test_histc(backend):
+    x = rand(5, 40, low=-4, high=4)
+    check(lambda x: torch.histc(x, bins=7), [x], backend)  # the data's range
+    x[0, :3] = torch.tensor([float("nan"), 3.0, -3.0])  # NaN skipped; edges count
+    check(lambda x: torch.histc(x, bins=12, min=-3, max=3), [x], backend)
+
+
+def test_histc_of_one_value_and_of_expert_ids(backend):
+    check(lambda x: torch.histc(x, bins=3), [torch.full((4,), 2.0)], backend)
+    # The MoE use: tokens per expert from sorted expert ids.
+    ids = rand(24, dtype=torch.int64, low=0, high=7).sort().values.float()
+    check(lambda x: torch.histc(x, bins=8, min=0, max=7), [ids], backend)
+
+
+def _offsets(rows: int, groups: int, last: int | None = None) -> torch.Tensor:
+    """Cumulative group ends, one group empty, ending at `last` (default: every row)."""
+    cuts = torch.randint(0, (last if last is not None else rows) + 1, (groups - 1,)).sort().values
+    cuts[1] = cuts[0]  # an empty group
+    end = torch.tensor([last if last is not None else rows])
+    return torch.cat([cuts, end]).to(torch.int32)
+
+
+def test_grouped_mm(backend):
+    x, w = rand(20, 8), rand(4, 8, 12)
+    check(
+        lambda x, w, offs: torch.nn.functional.grouped_mm(x, w, offs=offs),
+        [x, w, _offsets(20, 4)],
+        backend,
+        new_inputs=[rand(20, 8), rand(4, 8, 12), _offsets(20, 4)],
+    )
+
+
+def test_grouped_mm_of_transposed_expert_weights(backend):
+    """Experts stored [G, N, K] (as Mixtral's) multiply through a transposed view."""
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(rand(3, 16, 8))
+
+        def forward(self, x, offs):
+            return torch.nn.functional.grouped_mm(x, self.weight.transpose(-2, -1), offs=offs)
+
+    check(Experts(), [rand(10, 8), _offsets(10, 3)], backend)
+
+
+def test_transformers_grouped_mm_fallback_zeroes_rows_past_the_last_offset(backend):
+    pytest.importorskip("transformers.integrations.moe")
+
+    def experts(x, w, offs):
+        return torch.ops.transformers.grouped_mm_fallback(x, w, offs=offs)
+
+    check(experts, [rand(9, 6), rand(3, 6, 5), _offsets(9, 3, last=7)], backend)
+
+
+def test_grouped_mm_clamps_bad_offsets(backend):
+    """Offsets past the rows, negative or decreasing (undefined in torch) neither crash nor
+    read out of bounds: each end is clamped into [previous end, rows]."""
+    if backend == "cuda":
+        pytest.skip("host tensors")
+
+    def reference(x, w, offs):
+        out, start = torch.zeros(x.shape[0], w.shape[2]), 0
+        for g, end in enumerate(offs.tolist()):
+            end = max(start, min(max(end, 0), x.shape[0]))
+            out[start:end] = x[start:end] @ w[g]
+            start = end
+        return out
+
+    x, w = rand(8, 4), rand(4, 4, 8)
+    compiled = ember.compile(
+        Fn(lambda x, w, offs: torch.nn.functional.grouped_mm(x, w, offs=offs)),
+        x,
+        w,
+        torch.tensor([2, 4, 6, 8], dtype=torch.int32),
+        backend=backend,
+    )
+    for offs in ([3, 1, 6, 99], [-5, 2, 2, 5], [9, 9, 9, 9]):
+        offs = torch.tensor(offs, dtype=torch.int32)
+        torch.testing.assert_close(compiled(x, w, offs), reference(x, w, offs))
