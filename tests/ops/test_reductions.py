@@ -47,6 +47,30 @@ def test_reduction_of_noncontiguous(backend):
     )
 
 
+def test_reductions_over_middle_axes(backend):
+    """Kept innermost dims that are contiguous and wide (the mixture-of-experts combine,
+    sequence pooling) are reduced a row at a time: large and odd sizes, NaN, ints, bools,
+    axes around the kept ones, a transposed input."""
+    x = rand(8, 64, 520)
+    x[0, 3, 5] = float("nan")
+
+    def floats(x):
+        return (
+            x.sum(dim=1),
+            x.amax(dim=1),
+            x.mean(dim=(0, 1)),
+            x[:3, :5].prod(dim=0),
+            x.transpose(0, 1).amin(dim=0),
+        )
+
+    check(floats, [x], backend, rtol=1e-5)
+    y = rand(2, 9, 6, 33, low=-5, high=5)
+    check(lambda y: y.sum(dim=(0, 2), keepdim=True), [y], backend, rtol=1e-5)
+    ints = rand(5, 7, 40, dtype=torch.int32, low=-9, high=9)
+    bools = rand(5, 7, 40, dtype=torch.bool)
+    check(lambda i, b: (i.sum(dim=1), i.amax(dim=0), b.any(dim=1)), [ints, bools], backend)
+
+
 def test_argmax_ties_pick_first(backend):
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
     check(lambda x: (x.argmax(dim=1), x.argmin(dim=1), x.max(dim=1)), [x], backend)

@@ -139,3 +139,17 @@ def test_grouped_mm_clamps_bad_offsets(backend):
     for offs in ([3, 1, 6, 99], [-5, 2, 2, 5], [9, 9, 9, 9]):
         offs = torch.tensor(offs, dtype=torch.int32)
         torch.testing.assert_close(compiled(x, w, offs), reference(x, w, offs))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_grouped_mm_of_a_decoded_token(transposed, backend):
+    """Groups of one to three rows and experts large enough to split across threads: the
+    few-row paths (dot products over a contiguous K, or summed rows of w)."""
+
+    def experts(x, w, offs):
+        w = w.transpose(-2, -1) if transposed else w
+        return torch.nn.functional.grouped_mm(x, w, offs=offs)
+
+    w = rand(3, 300, 256) if transposed else rand(3, 256, 300)
+    offs = torch.tensor([1, 1, 4], dtype=torch.int32)
+    check(experts, [rand(4, 256), w, offs], backend, rtol=1e-5, atol=1e-4)

@@ -286,12 +286,110 @@ fn grouped_gemm<T: GemmElem + Elem>(
                 cs: wv.strides[2],
             };
             let dst = &mut out[rows.start * n..rows.end * n];
+            if rows.len() <= FEW_ROWS && n > 0 && k > 0 {
+                if let Some(dst) = T::as_f32_mut(dst) {
+                    if few_rows_f32(dst, &xv, &wv, rows, group, (k, n), threads) {
+                        continue;
+                    }
+                }
+            }
             // SAFETY: a addresses rows.len()×k elements of x and b k×n of w's group (both
             // inside the checked views, alive for the call); dst holds rows.len()×n.
             unsafe { gemm_into(dst, n, (rows.len(), n, k), a, b, threads) };
         }
         Ok(())
     })
+}
+
+/// Groups of at most this many rows (a decoded token's experts) skip the GEMM, which would
+/// pack the whole expert weight to use it for one or two rows: each output row streams the
+/// weight once instead (memory-bound, as the matrix-vector product of decode is).
+const FEW_ROWS: usize = 4;
+
+/// Output columns per parallel task of a few-row product.
+const COLUMN_BLOCK: usize = 256;
+
+/// `dst = x[rows] · w[group]` in f32 for a few rows, by dot products when w's K is
+/// contiguous (experts stored `[G, N, K]`, read transposed) or by rows of w scaled and
+/// summed when its N is. False (nothing written) for other layouts.
+fn few_rows_f32<T: GemmElem>(
+    dst: &mut [f32],
+    xv: &View<T>,
+    wv: &View<T>,
+    rows: &std::ops::Range<usize>,
+    group: usize,
+    (k, n): (usize, usize),
+    threads: usize,
+) -> bool {
+    let (w_ks, w_ns) = (wv.strides[1], wv.strides[2]);
+    if w_ks < 0 || w_ns < 0 || (w_ks != 1 && w_ns != 1) || xv.strides[1] != 1 {
+        return false;
+    }
+    // The run spans exactly the elements the view addresses for this group.
+    let extent = (k - 1) * w_ks as usize + (n - 1) * w_ns as usize + 1;
+    let Some(w) = T::as_f32(wv.run(group as isize * wv.strides[0], extent)) else {
+        return false;
+    };
+    let parallel = threads > 1 && n * k >= 1 << 16;
+    for (i, out_row) in rows.clone().zip(dst.chunks_mut(n)) {
+        let Some(x) = T::as_f32(xv.run(i as isize * xv.strides[0], k)) else {
+            return false;
+        };
+        if w_ks == 1 {
+            // Dot products over contiguous K, a block of output columns per task.
+            let cs = w_ns as usize;
+            let block = |start: usize, o: &mut [f32]| {
+                crate::simd::wide(|| {
+                    for (t, d) in o.iter_mut().enumerate() {
+                        let j = (start + t) * cs;
+                        *d = dot_f32(x, &w[j..j + k]);
+                    }
+                })
+            };
+            if parallel {
+                par::for_chunks_mut(out_row, COLUMN_BLOCK, block);
+            } else {
+                block(0, out_row);
+            }
+        } else {
+            // Rows of w scaled by x and summed, streaming w row after row; in parallel, each
+            // task sums a slice of K into its own partial row.
+            let rs = w_ks as usize;
+            let accumulate = |ks: std::ops::Range<usize>, acc: &mut [f32]| {
+                crate::simd::wide(|| {
+                    for p in ks {
+                        axpy(acc, x[p], &w[p * rs..p * rs + n]);
+                    }
+                })
+            };
+            let parts = if parallel { (2 * threads).min(k) } else { 1 };
+            if parts == 1 {
+                out_row.fill(0.0);
+                accumulate(0..k, out_row);
+            } else {
+                let mut partial = vec![0.0f32; parts * n];
+                par::for_chunks_mut(&mut partial, n, |start, acc| {
+                    let part = start / n;
+                    accumulate(part * k / parts..(part + 1) * k / parts, acc);
+                });
+                out_row.copy_from_slice(&partial[..n]);
+                for more in partial[n..].chunks(n) {
+                    for (o, &v) in out_row.iter_mut().zip(more) {
+                        *o += v;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// `acc += a·y` (slices as arguments, so the vectorizer knows they do not alias).
+#[inline(always)]
+fn axpy(acc: &mut [f32], a: f32, y: &[f32]) {
+    for (s, &v) in acc.iter_mut().zip(y) {
+        *s += a * v;
+    }
 }
 
 /// Checks `[B.., M, K] × [B.., K, N]` and returns (batch dims, M, K, N).

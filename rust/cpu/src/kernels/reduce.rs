@@ -141,6 +141,9 @@ fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
     step: impl Fn(A, T) -> A + Sync,
     finish: impl Fn(A) -> R + Sync,
 ) {
+    if keep > 0 && v.strides[keep - 1] == 1 && v.shape[keep - 1] >= MIN_COLUMNS {
+        return fold_columns(v, keep, out, init, step, finish);
+    }
     let bases = batch_offsets(&v.shape[..keep], [&v.strides[..keep]]);
     let (rshape, rst) = coalesce(&v.shape[keep..], [&v.strides[keep..]]);
     let n_red: usize = rshape.iter().product();
@@ -171,6 +174,48 @@ fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
         for (o, b) in out.iter_mut().zip(&bases) {
             *o = one(b[0]);
         }
+    }
+}
+
+/// A kept innermost dim at least this long is reduced a row of outputs at a time.
+const MIN_COLUMNS: usize = 8;
+
+/// `fold` when the innermost kept dim is contiguous (a sum over a middle axis, as
+/// `[B, T, H].sum(1)`): each output row of that dim's length accumulates whole contiguous
+/// input rows, one per combination of the reduced indices, instead of walking every output
+/// element's strided line (one short loop per element).
+fn fold_columns<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
+    v: &View<T>,
+    keep: usize,
+    out: &mut [R],
+    init: A,
+    step: impl Fn(A, T) -> A + Sync,
+    finish: impl Fn(A) -> R + Sync,
+) {
+    let width = v.shape[keep - 1];
+    let rows = batch_offsets(&v.shape[..keep - 1], [&v.strides[..keep - 1]]);
+    let reduced = batch_offsets(&v.shape[keep..], [&v.strides[keep..]]);
+    let chunk_rows = |first_row: usize, o: &mut [R]| {
+        let mut acc = vec![init; width];
+        for (out_row, base) in o.chunks_mut(width).zip(&rows[first_row..]) {
+            acc.fill(init);
+            for off in &reduced {
+                for (a, &x) in acc.iter_mut().zip(v.run(base[0] + off[0], width)) {
+                    *a = step(*a, x);
+                }
+            }
+            for (o, &a) in out_row.iter_mut().zip(&acc) {
+                *o = finish(a);
+            }
+        }
+    };
+    if out.len().saturating_mul(reduced.len().max(1)) >= PAR_MIN {
+        let per_rows = (rows.len() / (par::threads() * 4)).max(1);
+        par::for_chunks_mut(out, per_rows * width, |start, o| {
+            chunk_rows(start / width, o)
+        });
+    } else {
+        chunk_rows(0, out);
     }
 }
 
