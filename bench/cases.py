@@ -68,6 +68,14 @@ def _cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return ResNet(), (torch.randn(4, 3, 64, 64),)
 
 
+def _moe() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from ember import hf_models
+
+    model = hf_models.MainOutput(hf_models.build("mixtral"))
+    ids = torch.randint(0, hf_models.VOCAB, (1, 64))
+    return model, (ids, torch.ones_like(ids))
+
+
 def _generate() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return llama_generation(tokens=GENERATED_TOKENS, prompt=16)
 
@@ -108,6 +116,14 @@ CASES: dict[str, Case] = {
             "`ember.models.ResNet()` (3×3 stem, max pool, 6 basic blocks of widths 32/64/128 with "
             "eval batch norm, global average pool, linear head), input [4, 3, 64, 64]",
             _cnn,
+        ),
+        Case(
+            "moe",
+            "transformers Mixtral (mixture of experts) prefill",
+            "`transformers.MixtralForCausalLM` (`ember.hf_models`: 4 layers, hidden 256, "
+            "8 experts of width 172, 2 per token, default grouped experts: sort, histc, "
+            "grouped matmul; random weights), one prompt of 64 tokens → logits [1, 64, 1024]",
+            _moe,
         ),
         Case(
             "generate",

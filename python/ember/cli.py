@@ -20,14 +20,14 @@ def _median_ms(fn, args, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-DEMO_MODELS = ("llama", "qwen", "gpt2", "bert", "resnet", "mobilenet")
+DEMO_MODELS = ("llama", "qwen", "gpt2", "bert", "mixtral", "resnet", "mobilenet")
 
 
 def _demo_model(name: str, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     """A built-in model, its inputs and a one-line description."""
     from ember.models import Llama, LlamaConfig, MobileNet, ResNet
 
-    if name in ("qwen", "gpt2", "bert"):
+    if name in ("qwen", "gpt2", "bert", "mixtral"):
         from ember import hf_models
 
         hf = hf_models.build(name)

@@ -18,7 +18,12 @@ KV_HEADS = 4
 INTERMEDIATE = 688
 MAX_POSITIONS = 512
 
-MODELS = ("llama", "qwen", "gpt2", "bert")
+# Mixture of experts: 8 experts of a quarter of the dense width, two per token (Mixtral's
+# routing at this size), with transformers' default grouped experts.
+EXPERTS = 8
+EXPERTS_PER_TOKEN = 2
+
+MODELS = ("llama", "qwen", "gpt2", "bert", "mixtral")
 
 
 def _transformers() -> Any:
@@ -49,6 +54,13 @@ def build(name: str) -> nn.Module:
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**decoder))
     elif name == "qwen":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**decoder))
+    elif name == "mixtral":
+        config = tf.MixtralConfig(
+            **{**decoder, "intermediate_size": INTERMEDIATE // 4},
+            num_local_experts=EXPERTS,
+            num_experts_per_tok=EXPERTS_PER_TOKEN,
+        )
+        model = tf.MixtralForCausalLM(config)
     elif name == "gpt2":
         config = tf.GPT2Config(
             vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=MAX_POSITIONS
