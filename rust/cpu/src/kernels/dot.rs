@@ -219,8 +219,9 @@ pub unsafe fn gemm_into<T: GemmElem>(
 }
 
 /// `GroupedDot`: rows `ends[g-1]..ends[g]` of x `[S, K]` times w[g] (`[G, K, N]`), each
-/// group one GEMM on strided views (a transposed w needs no copy); rows past the last end
-/// stay zero. Ends are clamped into `[previous end, S]`.
+/// group one GEMM on strided views (a transposed w needs no copy), or for a few rows
+/// (`few_rows_f32`) products that stream the expert once; rows past the last end stay
+/// zero. Ends are clamped into `[previous end, S]`.
 pub fn grouped_dot(x: &Val, w: &Val, ends: &Val, threads: usize) -> KResult<Val> {
     let (sx, sw) = (x.shape(), w.shape());
     let ([s, k], [g, k2, n]) = (sx, sw) else {
