@@ -305,6 +305,9 @@ unsafe fn gather(l: &Leaf, at: usize, len: usize, dst: *mut u8) {
                 let d = dst.add(lin - at);
                 if s == 1 {
                     std::ptr::copy_nonoverlapping(src.offset(o), d, run);
+                } else if s == 0 {
+                    // Broadcast along the run (a per-row scale): one value, filled wide.
+                    std::slice::from_raw_parts_mut(d, run).fill(*src.offset(o));
                 } else {
                     for i in 0..run {
                         *d.add(i) = *src.offset(o + i as isize * s);
