@@ -76,9 +76,9 @@ def _t5_encoder() -> torch.nn.Module:
     return transformers.T5EncoderModel(config)
 
 
-# MoE experts as batched matmuls over the routed experts: the static-shape implementation
-# (the default "grouped_mm" sorts tokens by expert and loops over data-dependent groups in a
-# custom op).
+# MoE experts as batched matmuls over the routed experts ("batched_mm"); the default
+# ("grouped_mm": tokens sorted by expert, a grouped product) is
+# test_moe_with_the_default_grouped_experts.
 _MOE = {"num_experts_per_tok": 2, "experts_implementation": "batched_mm"}
 
 DECODERS = {
