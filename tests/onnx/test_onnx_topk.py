@@ -29,3 +29,9 @@ def test_topk_with_a_large_k(largest):
     x = randn(2, 100)
     model = single("TopK", {"x": x}, {"largest": largest}, 2, {"k": np.array([80], np.int64)})
     check(model, {"x": x})
+
+
+def test_topk_with_k_zero_gives_empty_outputs():
+    x = randn(3, 7)
+    model = single("TopK", {"x": x}, {}, 2, {"k": np.array([0], np.int64)})
+    check(model, {"x": x})

@@ -173,13 +173,19 @@ fn top_k(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if ctx.b.dtype(x) == crate::dtype::DType::Bool {
         return Err(n.err("TopK of a bool tensor"));
     }
-    if k < 1 {
-        return Err(n.err(format!("K = {k}: TopK needs K ≥ 1")));
+    if k < 0 {
+        return Err(n.err(format!("K = {k}: TopK needs K ≥ 0")));
     }
     if let Some(size) = ctx.b.shape(x)[a].as_const() {
         if k > size {
             return Err(n.err(format!("K = {k} exceeds the axis's size {size}")));
         }
+    }
+    if k == 0 {
+        // Empty outputs, as ONNX Runtime gives (and as the PT2 `topk` does).
+        let values = ctx.b.slice(x, a, Dim::Const(0), Dim::Const(0), 1)?;
+        let indices = ctx.b.cast(values, crate::dtype::DType::I64)?;
+        return Ok(vec![Val::of(values), Val::of(indices)]);
     }
     let (values, indices) = top_k(&mut ctx.b, x, a, k, largest)?;
     Ok(vec![Val::of(values), Val::of(indices)])
