@@ -2,8 +2,9 @@
 # GPU check, for any Linux machine with an NVIDIA GPU (and torch's CUDA build installed):
 # installs Ember from a wheel built elsewhere (the first argument, or dist/ember-*.whl, made
 # by `maturin build --release -o dist`), or builds one when there is none; runs every `cuda`
-# test and the GPU benchmark; prints a short summary table last. Results also go to $OUT
-# (or /tmp/ember-gpu).
+# test, the GPU benchmark of the small cases, and the ~1B-parameter llama decode/prefill
+# benchmark (bounded by $LLAMA_TIMEOUT seconds, default 360; 0 skips it); prints a short
+# summary table last. Results also go to $OUT (or /tmp/ember-gpu).
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]
 set -uo pipefail
@@ -34,6 +35,13 @@ tests_rc=${PIPESTATUS[0]}
 python3 -m bench.gpu --json "$out/gpu-bench.json" 2>&1 | tee "$out/gpu-bench.log"
 bench_rc=${PIPESTATUS[0]}
 
+llama_rc=0
+if [ "${LLAMA_TIMEOUT:-360}" != 0 ]; then
+    timeout "${LLAMA_TIMEOUT:-360}" python3 -m bench.gpu_llama --json "$out/gpu-llama.json" \
+        2>&1 | tee "$out/gpu-llama.log"
+    llama_rc=${PIPESTATUS[0]}
+fi
+
 echo
 echo "== summary =="
 head -n 1 "$out/gpu.txt"
@@ -51,5 +59,6 @@ except Exception as e:  # the summary must print even when pytest crashed
     print(f"cuda tests: no report ({e})")
 PY
 tail -n 12 "$out/gpu-bench.log"
-echo "tests exit $tests_rc, bench exit $bench_rc"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ -f "$out/gpu-llama.log" ] && grep -E '^(device|\|)' "$out/gpu-llama.log"
+echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ]
