@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ember
+import numpy as np
 import pytest
 import torch
 from ember.backend import programs_compiled
@@ -131,4 +132,29 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32, low: float = -3, high:
     return torch.randint(int(low), int(high) + 1, shape, dtype=dtype)
 
 
-__all__ = ["BACKENDS", "Fn", "check", "ember", "host_options", "rand"]
+__all__ = ["BACKENDS", "Fn", "check", "ember", "host_options", "onnx_mlp", "rand"]
+
+
+def onnx_mlp() -> tuple[bytes, np.ndarray]:
+    """A two-layer ONNX MLP with a dynamic row count "n" (MatMul, Add, Relu, initializers)
+    and an input for it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, b1 = rng.standard_normal((16, 32), np.float32), rng.standard_normal(32, np.float32)
+    w2 = rng.standard_normal((32, 8), np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        [numpy_helper.from_array(a, name) for a, name in ((w1, "w1"), (b1, "b1"), (w2, "w2"))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return model.SerializeToString(), rng.standard_normal((5, 16), np.float32)

@@ -36,6 +36,7 @@ class Executable:
         inputs: list[tuple[int, str, list[int], list[int]]],
         outputs: list[tuple[int, str, list[int]]],
     ) -> None: ...
+    def run_stats(self) -> dict[str, int]: ...
 
 def load_pt2(
     path: str | None = None, data: bytes | None = None, load_weights: bool = True
@@ -47,6 +48,12 @@ def compile(
     backend: str = "cpu",
     weights: dict[str, tuple[int, str, list[int]]] | None = None,
     num_threads: int = 1,
+    search_iterations: int = 8,
+    time_budget_s: float = 3.0,
+    seed: int = 0,
+    input_shapes: list[list[int]] | None = None,
+    cache_dir: str | None = None,
+    allow_tf32: bool = False,
 ) -> Executable: ...
 def cpu_profile_enable(on: bool) -> None: ...
 def cpu_profile_take() -> list[tuple[str, list[int], float, int]]: ...

@@ -206,6 +206,14 @@ class CompiledModel:
         """The program that runs (after optimization), as IR text."""
         return self._exe.ir()
 
+    def run_stats(self) -> dict[str, int]:
+        """How this program's runs went. On CUDA: ``replayed`` (runs replayed from a
+        recorded CUDA graph), ``recorded`` (graphs recorded: one per dim bucket, again after
+        the arena grew), ``patched`` (graph nodes given new addresses or product sizes) and
+        ``direct`` (runs launched kernel by kernel, with ``EMBER_CUDA_GRAPHS=0``). Empty on
+        the CPU."""
+        return dict(self._exe.run_stats())
+
     def report(self) -> SearchReport:
         """What the optimizer did: rules fired, candidates measured and verified, the choice."""
         return self._report

@@ -35,6 +35,9 @@ class Options:
         (``EMBER_CACHE_DIR``, default the user cache dir), so a second process skips search.
     quiet: no progress bar while the optimizer searches.
     seed: seeds the optimizer's random inputs and choices (same seed, same program).
+    allow_tf32: the CUDA backend may multiply f32 matrices on TF32 tensor cores (inputs
+        rounded to a 10-bit mantissa: faster, less exact, as
+        ``torch.backends.cuda.matmul.allow_tf32``); off by default.
     """
 
     backend: str = "cpu"
@@ -47,6 +50,7 @@ class Options:
     cache: bool = True
     quiet: bool = False
     seed: int = 0
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
@@ -102,6 +106,7 @@ class Options:
             "seed": self.seed,
             "input_shapes": example_shapes,
             "cache_dir": cache_dir() if self.cache else None,
+            "allow_tf32": self.allow_tf32,
         }
 
 

@@ -6,6 +6,7 @@ import ember
 import numpy as np
 import pytest
 import torch
+from conftest import onnx_mlp
 
 
 def test_cuda_probes_answer_without_a_gpu():
@@ -41,34 +42,10 @@ def test_cuda_tensors_select_the_cuda_backend_and_stay_on_the_gpu():
         compiled(x.cpu())
 
 
-def _onnx_mlp() -> tuple[bytes, np.ndarray]:
-    """A two-layer ONNX MLP (MatMul, Add, Relu, initializers) and an input for it."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w1, b1 = rng.standard_normal((16, 32), np.float32), rng.standard_normal(32, np.float32)
-    w2 = rng.standard_normal((32, 8), np.float32)
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"]),
-        helper.make_node("Add", ["h", "b1"], ["hb"]),
-        helper.make_node("Relu", ["hb"], ["r"]),
-        helper.make_node("MatMul", ["r", "w2"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
-        [numpy_helper.from_array(a, name) for a, name in ((w1, "w1"), (b1, "b1"), (w2, "w2"))],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    return model.SerializeToString(), rng.standard_normal((5, 16), np.float32)
-
-
 @pytest.mark.skipif(ember.cuda_available(), reason="a GPU is present")
 def test_compile_onnx_on_cuda_without_a_gpu_raises_clearly():
     pytest.importorskip("onnx")
-    data, _ = _onnx_mlp()
+    data, _ = onnx_mlp()
     with pytest.raises(RuntimeError, match="no usable NVIDIA GPU|no CUDA backend"):
         ember.compile_onnx(data, device="cuda")
 
@@ -77,7 +54,7 @@ def test_compile_onnx_on_cuda_without_a_gpu_raises_clearly():
 @pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
 def test_compile_onnx_on_cuda_matches_onnxruntime():
     ort = pytest.importorskip("onnxruntime")
-    data, x = _onnx_mlp()
+    data, x = onnx_mlp()
     (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     compiled = ember.compile_onnx(data, device="cuda")
     (got,) = compiled(x)  # numpy in, numpy out

@@ -72,8 +72,12 @@ pub trait Executable: Send + Sync {
     /// `inputs`, outputs (of `output_shapes`) at `outputs`, work queued on `stream`. Only
     /// backends with device memory (CUDA) implement it.
     ///
+    /// The work may still be running when this returns (as torch's kernels do): it is
+    /// ordered on `stream`.
+    ///
     /// # Safety
-    /// Every address must be live device memory of its tensor's full size for the call.
+    /// Every address must be live device memory of its tensor's full size until the work
+    /// queued on `stream` has finished.
     unsafe fn run_device(
         &self,
         _input_shapes: &[Vec<usize>],
@@ -84,5 +88,11 @@ pub trait Executable: Send + Sync {
         Err(crate::Error::Runtime(
             "this backend runs on host memory; pass cpu tensors".into(),
         ))
+    }
+
+    /// Counters of how runs went (for the CUDA backend: runs replayed from a recorded
+    /// graph, recordings made, nodes patched); empty where a backend keeps none.
+    fn run_stats(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
     }
 }

@@ -1,6 +1,8 @@
 //! The GPU as an executor `Device`: the driver API for memory, modules and launches (on
 //! the primary context, which torch shares), and cuBLASLt for matrix products.
 //!
+//! Recordings of a program's work are CUDA graphs (`graph.rs`).
+//!
 //! Everything here needs a GPU; without one, `CudaBackend::compile` fails with a clear error
 //! before any of it runs.
 
@@ -14,12 +16,13 @@ use ember_core::dtype::DType;
 use ember_core::{Error, Result};
 
 use crate::codegen::KernelProgram;
-use crate::exec::{Device, DeviceBuffer, GemmCall};
+use crate::exec::{Device, DeviceBuffer, GemmCall, Work};
+use crate::graph::GpuGraph;
 
 /// cuBLASLt's scratch space (its heuristics pick faster algorithms with some).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
+pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA {what} failed: {e:?}"))
 }
 
@@ -31,6 +34,9 @@ pub struct Gpu {
     pub arch: String,
     blas: ltsys::cublasLtHandle_t,
     workspace: sys::CUdeviceptr,
+    /// A stream of our own on which cuBLASLt calls are captured into graphs (capturing
+    /// never touches the stream torch's work runs on).
+    pub(crate) capture_stream: sys::CUstream,
     /// cuBLASLt handles are not safe to use from two threads at once.
     blas_lock: Mutex<()>,
 }
@@ -77,17 +83,20 @@ impl Gpu {
         let blas = lt::create_handle().map_err(|e| driver_err("cublasLtCreate", e))?;
         let workspace = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
             .map_err(|e| driver_err("allocation", e))?;
+        let capture_stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_err("stream creation", e))?;
         Ok(Gpu {
             ctx,
             name: info.name,
             arch: info.arch,
             blas,
             workspace,
+            capture_stream,
             blas_lock: Mutex::new(()),
         })
     }
 
-    fn make_current(&self) -> Result<()> {
+    pub(crate) fn make_current(&self) -> Result<()> {
         // SAFETY: the context was retained in `open` and is never released.
         unsafe { drv::ctx::set_current(self.ctx) }.map_err(|e| driver_err("context", e))
     }
@@ -116,11 +125,13 @@ impl Drop for GpuBuffer {
 
 /// A loaded program module on the GPU.
 pub struct CudaDevice {
-    gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<Gpu>,
     module: sys::CUmodule,
-    functions: Vec<sys::CUfunction>,
+    pub(crate) functions: Vec<sys::CUfunction>,
     /// The stream this run launches on (torch's current stream; 0 is the legacy default).
     stream: AtomicU64,
+    /// f32 products may use TF32 tensor cores.
+    allow_tf32: bool,
 }
 
 // SAFETY: module and function handles are immutable driver objects usable from any thread
@@ -129,7 +140,7 @@ unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
 
 impl CudaDevice {
-    pub fn new(gpu: Arc<Gpu>, kp: &KernelProgram) -> Result<CudaDevice> {
+    pub fn new(gpu: Arc<Gpu>, kp: &KernelProgram, allow_tf32: bool) -> Result<CudaDevice> {
         let cubin = crate::nvrtc::compile(&kp.cuda_source(), &gpu.arch)?;
         gpu.make_current()?;
         // SAFETY: a CUBIN NVRTC produced for this device's architecture.
@@ -149,6 +160,7 @@ impl CudaDevice {
             module,
             functions,
             stream: AtomicU64::new(0),
+            allow_tf32,
         })
     }
 
@@ -210,7 +222,140 @@ fn layout(
     Ok(l)
 }
 
+impl CudaDevice {
+    /// cuBLASLt's `c.c = c.a · c.b` enqueued on `stream`.
+    pub(crate) fn gemm_on(&self, c: &GemmCall, stream: sys::CUstream) -> Result<()> {
+        self.gpu.make_current()?;
+        let _one_at_a_time = self.gpu.blas_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let t = data_type(c.dtype)?;
+        let (compute, scale) = if c.dtype == DType::F64 {
+            (
+                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+                ltsys::cudaDataType::CUDA_R_64F,
+            )
+        } else if c.dtype == DType::F32 && self.allow_tf32 {
+            (
+                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                ltsys::cudaDataType::CUDA_R_32F,
+            )
+        } else {
+            // f32 accumulation; TF32 is never used without the user's consent.
+            (
+                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                ltsys::cudaDataType::CUDA_R_32F,
+            )
+        };
+        // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLASLt's "A" is our B.
+        let (m, n, k) = (c.m, c.n, c.k);
+        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| driver_err("matmul", e))?;
+        let op = |transposed: bool| -> i32 { transposed as i32 };
+        let (ta, tb) = (op(c.trans_b), op(c.trans_a));
+        let la = if c.trans_b {
+            layout(t, k, n, k, c.batch, n * k)?
+        } else {
+            layout(t, n, k, n, c.batch, n * k)?
+        };
+        let lb = if c.trans_a {
+            layout(t, m, k, m, c.batch, m * k)?
+        } else {
+            layout(t, k, m, k, c.batch, m * k)?
+        };
+        let lc = layout(t, n, m, n, c.batch, m * n)?;
+        let result = (|| -> Result<()> {
+            // SAFETY: descriptors created above; attribute buffers of the documented types;
+            // device pointers from the executor, sized by the plan.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &ta as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                    &tb as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                if c.bias != 0 {
+                    // The bias is a vector along our rows' length `n`: cuBLASLt's rows (we
+                    // multiply transposed, column-major), broadcast over its columns and
+                    // batches (batch stride 0, the default).
+                    let epilogue = ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+                    lt::set_matmul_desc_attribute(
+                        desc,
+                        ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                        &epilogue as *const ltsys::cublasLtEpilogue_t as *const c_void,
+                        std::mem::size_of::<ltsys::cublasLtEpilogue_t>(),
+                    )
+                    .map_err(|e| driver_err("matmul epilogue", e))?;
+                    let bias = c.bias as *const c_void;
+                    lt::set_matmul_desc_attribute(
+                        desc,
+                        ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &bias as *const *const c_void as *const c_void,
+                        std::mem::size_of::<*const c_void>(),
+                    )
+                    .map_err(|e| driver_err("matmul epilogue", e))?;
+                }
+                let pref = lt::create_matmul_pref().map_err(|e| driver_err("matmul", e))?;
+                let ws = WORKSPACE_BYTES;
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const usize as *const c_void,
+                    std::mem::size_of::<usize>(),
+                )
+                .map_err(|e| driver_err("matmul", e))?;
+                let heuristic =
+                    lt::get_matmul_algo_heuristic(self.gpu.blas, desc, la, lb, lc, lc, pref);
+                let _ = lt::destroy_matmul_pref(pref);
+                let heuristic = heuristic.map_err(|e| {
+                    driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e)
+                })?;
+                let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+                let (alpha, beta): (*const c_void, *const c_void) = if c.dtype == DType::F64 {
+                    (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+                } else {
+                    (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+                };
+                lt::matmul(
+                    self.gpu.blas,
+                    desc,
+                    alpha,
+                    beta,
+                    c.b as *const c_void,
+                    la,
+                    c.a as *const c_void,
+                    lb,
+                    c.c as *const c_void,
+                    lc,
+                    c.c as *mut c_void,
+                    lc,
+                    &heuristic.algo,
+                    self.gpu.workspace as *mut c_void,
+                    WORKSPACE_BYTES,
+                    stream as ltsys::cudaStream_t,
+                )
+                .map_err(|e| driver_err("matmul", e))
+            }
+        })();
+        // SAFETY: each descriptor is destroyed once, after its last use.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(la);
+            let _ = lt::destroy_matrix_layout(lb);
+            let _ = lt::destroy_matrix_layout(lc);
+            let _ = lt::destroy_matmul_desc(desc);
+        }
+        result
+    }
+}
+
 impl Device for CudaDevice {
+    type Recording = GpuGraph;
+
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
         self.gpu.make_current()?;
         // SAFETY: a plain allocation, freed by `GpuBuffer::drop`.
@@ -220,6 +365,15 @@ impl Device for CudaDevice {
             ptr,
             gpu: self.gpu.clone(),
         }))
+    }
+
+    fn upload_async(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.gpu.make_current()?;
+        // SAFETY: `dst` is device memory of at least `src.len()` bytes. `src` is pageable
+        // host memory, which the driver copies to a staging buffer before returning, so it
+        // may be freed after; the device copy runs in stream order.
+        unsafe { drv::memcpy_htod_async(dst, src, self.stream()) }
+            .map_err(|e| driver_err("upload", e))
     }
 
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
@@ -263,105 +417,19 @@ impl Device for CudaDevice {
     }
 
     fn gemm(&self, c: &GemmCall) -> Result<()> {
-        self.gpu.make_current()?;
-        let _one_at_a_time = self.gpu.blas_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let t = data_type(c.dtype)?;
-        let (compute, scale) = if c.dtype == DType::F64 {
-            (
-                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
-                ltsys::cudaDataType::CUDA_R_64F,
-            )
-        } else {
-            // f32 accumulation; TF32 is never used without the user's consent.
-            (
-                ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                ltsys::cudaDataType::CUDA_R_32F,
-            )
-        };
-        // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLASLt's "A" is our B.
-        let (m, n, k) = (c.m, c.n, c.k);
-        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| driver_err("matmul", e))?;
-        let op = |transposed: bool| -> i32 { transposed as i32 };
-        let (ta, tb) = (op(c.trans_b), op(c.trans_a));
-        let la = if c.trans_b {
-            layout(t, k, n, k, c.batch, n * k)?
-        } else {
-            layout(t, n, k, n, c.batch, n * k)?
-        };
-        let lb = if c.trans_a {
-            layout(t, m, k, m, c.batch, m * k)?
-        } else {
-            layout(t, k, m, k, c.batch, m * k)?
-        };
-        let lc = layout(t, n, m, n, c.batch, m * n)?;
-        let result = (|| -> Result<()> {
-            // SAFETY: descriptors created above; attribute buffers of the documented types;
-            // device pointers from the executor, sized by the plan.
-            unsafe {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    &ta as *const i32 as *const c_void,
-                    4,
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                    &tb as *const i32 as *const c_void,
-                    4,
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                let pref = lt::create_matmul_pref().map_err(|e| driver_err("matmul", e))?;
-                let ws = WORKSPACE_BYTES;
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const usize as *const c_void,
-                    std::mem::size_of::<usize>(),
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                let heuristic =
-                    lt::get_matmul_algo_heuristic(self.gpu.blas, desc, la, lb, lc, lc, pref);
-                let _ = lt::destroy_matmul_pref(pref);
-                let heuristic = heuristic.map_err(|e| {
-                    driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e)
-                })?;
-                let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-                let (alpha, beta): (*const c_void, *const c_void) = if c.dtype == DType::F64 {
-                    (&one64 as *const f64 as _, &zero64 as *const f64 as _)
-                } else {
-                    (&one32 as *const f32 as _, &zero32 as *const f32 as _)
-                };
-                lt::matmul(
-                    self.gpu.blas,
-                    desc,
-                    alpha,
-                    beta,
-                    c.b as *const c_void,
-                    la,
-                    c.a as *const c_void,
-                    lb,
-                    c.c as *const c_void,
-                    lc,
-                    c.c as *mut c_void,
-                    lc,
-                    &heuristic.algo,
-                    self.gpu.workspace as *mut c_void,
-                    WORKSPACE_BYTES,
-                    self.stream() as ltsys::cudaStream_t,
-                )
-                .map_err(|e| driver_err("matmul", e))
-            }
-        })();
-        // SAFETY: each descriptor is destroyed once, after its last use.
-        unsafe {
-            let _ = lt::destroy_matrix_layout(la);
-            let _ = lt::destroy_matrix_layout(lb);
-            let _ = lt::destroy_matrix_layout(lc);
-            let _ = lt::destroy_matmul_desc(desc);
-        }
-        result
+        self.gemm_on(c, self.stream())
+    }
+
+    fn record(&self, work: &[Work]) -> Result<Option<GpuGraph>> {
+        GpuGraph::new(self, work).map(Some)
+    }
+
+    fn update(&self, graph: &mut GpuGraph, index: usize, work: &Work) -> Result<bool> {
+        graph.update(self, index, work)
+    }
+
+    fn replay(&self, graph: &GpuGraph) -> Result<()> {
+        graph.launch(self.stream())
     }
 
     fn launch_limits(&self, _cooperative: bool) -> (u32, u32) {

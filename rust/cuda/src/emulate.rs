@@ -15,7 +15,7 @@ use ember_core::dtype::DType;
 use ember_core::{Error, Result};
 
 use crate::codegen::KernelProgram;
-use crate::exec::{Device, DeviceBuffer, GemmCall};
+use crate::exec::{Device, DeviceBuffer, GemmCall, Work};
 
 const HOST_SHIM: &str = r#"
 #define EMBER_HOST 1
@@ -90,6 +90,10 @@ static void ember_run(unsigned grid, unsigned block, bool cooperative, F f) {
 /// A compiled host module, cached by source (in memory, and on disk across processes).
 struct HostModule {
     lib: libloading::Library,
+    /// The shim's launch state (`gridDim`, `blockIdx`, ...) is global to the module, so
+    /// two launches of one module never run at once (two programs of the same source
+    /// share a module).
+    launching: Mutex<()>,
 }
 
 fn cache_dir() -> PathBuf {
@@ -122,8 +126,13 @@ fn host_source(kp: &KernelProgram) -> String {
 fn compile(source: &str) -> Result<Arc<HostModule>> {
     static MODULES: OnceLock<Mutex<HashMap<u64, Arc<HostModule>>>> = OnceLock::new();
     let key = fnv(source);
-    let modules = MODULES.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(m) = modules.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    // Held while compiling: two threads asking for one source must get one module (one
+    // launch lock), not two handles on the same loaded library.
+    let mut modules = MODULES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = modules.get(&key) {
         return Ok(m.clone());
     }
     let dir = cache_dir();
@@ -160,11 +169,11 @@ fn compile(source: &str) -> Result<Arc<HostModule>> {
     // SAFETY: the library is ours, built just now (or earlier) from generated source.
     let lib = unsafe { libloading::Library::new(&lib_path) }
         .map_err(|e| Error::Compile(format!("cannot load {}: {e}", lib_path.display())))?;
-    let m = Arc::new(HostModule { lib });
-    modules
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, m.clone());
+    let m = Arc::new(HostModule {
+        lib,
+        launching: Mutex::new(()),
+    });
+    modules.insert(key, m.clone());
     Ok(m)
 }
 
@@ -180,11 +189,13 @@ type LaunchFn = unsafe extern "C" fn(u32, u32, *mut *mut std::ffi::c_void);
 
 /// The host standing in for a GPU.
 pub struct EmulatedDevice {
-    _module: Arc<HostModule>,
+    module: Arc<HostModule>,
     launchers: Vec<LaunchFn>,
     /// Launch like the GPU does (256 threads a block, as many blocks as the work has) when
     /// `EMBER_EMULATE_GPU_LAUNCHES=1`: slower, but it checks the kernels at the GPU's sizes.
     gpu_launches: bool,
+    /// `EMBER_EMU_TRACE=1`: every launch is printed (kernel, sizes, arguments).
+    trace: bool,
 }
 
 impl EmulatedDevice {
@@ -199,9 +210,10 @@ impl EmulatedDevice {
             launchers.push(*f);
         }
         Ok(EmulatedDevice {
-            _module: module,
+            module,
             launchers,
             gpu_launches: std::env::var("EMBER_EMULATE_GPU_LAUNCHES").is_ok_and(|v| v == "1"),
+            trace: std::env::var("EMBER_EMU_TRACE").is_ok_and(|v| v == "1"),
         })
     }
 }
@@ -231,6 +243,10 @@ fn write_f(dtype: DType, base: u64, i: usize, v: f64) {
 }
 
 impl Device for EmulatedDevice {
+    /// A recording is the list of work itself, replayed in order (what a CUDA graph of a
+    /// chain of nodes does), so the executor's recording, patching and bucketing run here.
+    type Recording = Vec<Work>;
+
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
         Ok(Box::new(HostBuffer(vec![0u64; bytes.div_ceil(8)])))
     }
@@ -254,6 +270,14 @@ impl Device for EmulatedDevice {
             .map(|v| v as *mut u64 as *mut std::ffi::c_void)
             .collect();
         // SAFETY: the launcher unpacks exactly the kernel's parameters from `ptrs`.
+        if self.trace {
+            eprintln!("launch k{kernel} grid {grid} block {block} args {args:x?}");
+        }
+        let _alone = self
+            .module
+            .launching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         unsafe { (self.launchers[kernel])(grid, block, ptrs.as_mut_ptr()) };
         Ok(())
     }
@@ -269,6 +293,10 @@ impl Device for EmulatedDevice {
                         let ai = if c.trans_a { p * m + i } else { i * k + p };
                         let bi = if c.trans_b { j * k + p } else { p * n + j };
                         s += read_f(c.dtype, c.a, ab + ai) * read_f(c.dtype, c.b, bb + bi);
+                    }
+                    if c.bias != 0 {
+                        // cuBLASLt's epilogue: added to the f32 accumulator, rounded once.
+                        s += read_f(c.dtype, c.bias, j);
                     }
                     write_f(c.dtype, c.c, cb + i * n + j, s);
                 }
@@ -291,5 +319,18 @@ impl Device for EmulatedDevice {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn record(&self, work: &[Work]) -> Result<Option<Vec<Work>>> {
+        Ok(Some(work.to_vec()))
+    }
+
+    fn update(&self, recording: &mut Vec<Work>, index: usize, work: &Work) -> Result<bool> {
+        recording[index] = work.clone();
+        Ok(true)
+    }
+
+    fn replay(&self, recording: &Vec<Work>) -> Result<()> {
+        recording.iter().try_for_each(|w| w.run(self))
     }
 }

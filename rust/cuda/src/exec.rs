@@ -1,5 +1,12 @@
-//! The executor shared by the GPU and the host emulator: weights uploaded once, a plan per
-//! input-shape signature (launch sizes, arena offsets from liveness), then the steps.
+//! The executor shared by the GPU and the host emulator: weights uploaded once; per call
+//! the dims go to `meta`, and the program's work runs — replayed from a recording (a CUDA
+//! graph) where the device records, launched step by step otherwise.
+//!
+//! Recordings are kept per *dim bucket* (each symbol's value rounded up to a power of
+//! two): their arena layout and launch sizes are planned for the bucket, so a call with
+//! other dims in the same bucket replays the same recording. Only what a recording fixes
+//! and the call changes is patched: the addresses of the caller's inputs and outputs, and
+//! the sizes of library products (cuBLASLt does not read `meta`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,17 +18,16 @@ use ember_core::shapes::resolve;
 use ember_core::tensor::{TensorOut, TensorView};
 use ember_core::{Error, Result};
 
-use crate::codegen::{Dest, KernelProgram, Launch, Mem, StepKind};
+use crate::codegen::{Dest, KernelProgram, Mem, StepKind};
+use crate::layout::{self, Layout, ALIGN};
 
-/// Arena allocations are aligned for every dtype and for vectorized access.
-const ALIGN: usize = 256;
-/// Most blocks of a kernel with per-block scratch (attention keeps a row of scores each).
-const MAX_SCRATCH_BLOCKS: u32 = 1024;
 /// Signatures kept before the plan cache is cleared.
 const MAX_PLANS: usize = 64;
+/// Dim buckets kept (each with its recording) before they are dropped.
+const MAX_BUCKETS: usize = 32;
 
 /// A matrix product, row-major, on device addresses.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GemmCall {
     pub a: u64,
     pub b: u64,
@@ -33,6 +39,44 @@ pub struct GemmCall {
     pub n: usize,
     pub k: usize,
     pub dtype: ember_core::dtype::DType,
+    /// A vector of `n` values (of `dtype`) added to every row of `c`; 0 for none.
+    pub bias: u64,
+}
+
+/// One piece of a run's device work, in order: what a recording holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Work {
+    /// Kernel `kernel` of the loaded module; `args` are its parameter values.
+    Launch {
+        kernel: usize,
+        grid: u32,
+        block: u32,
+        args: Vec<u64>,
+    },
+    Gemm(GemmCall),
+}
+
+impl Work {
+    /// Whether a recording of `self` can take `other`'s parameters.
+    fn same_kind(&self, other: &Work) -> bool {
+        match (self, other) {
+            (Work::Launch { kernel: a, .. }, Work::Launch { kernel: b, .. }) => a == b,
+            (Work::Gemm(_), Work::Gemm(_)) => true,
+            _ => false,
+        }
+    }
+
+    pub fn run<D: Device>(&self, device: &D) -> Result<()> {
+        match self {
+            Work::Launch {
+                kernel,
+                grid,
+                block,
+                args,
+            } => device.launch(*kernel, *grid, *block, args),
+            Work::Gemm(call) => device.gemm(call),
+        }
+    }
 }
 
 /// Device memory; freed on drop.
@@ -42,8 +86,17 @@ pub trait DeviceBuffer: Send + Sync {
 
 /// What the executor needs from a device (the GPU, or the host emulator).
 pub trait Device: Send + Sync {
+    /// Work recorded for replay (a CUDA graph on the GPU).
+    type Recording: Send;
+
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>>;
+    /// Copies to the device and waits: `src` may be freed on return.
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()>;
+    /// Copies to the device in stream order without waiting for queued work; `src` (host
+    /// memory the device cannot read directly) may still be freed on return.
+    fn upload_async(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.upload(dst, src)
+    }
     fn download(&self, src: u64, dst: &mut [u8]) -> Result<()>;
     /// Launches kernel `kernel` of the loaded module; `args` are the parameter values.
     fn launch(&self, kernel: usize, grid: u32, block: u32, args: &[u64]) -> Result<()>;
@@ -54,22 +107,58 @@ pub trait Device: Send + Sync {
     fn synchronize(&self) -> Result<()>;
     /// The stream the next launches go to (a CUDA stream handle; ignored by the emulator).
     fn set_stream(&self, _stream: u64) {}
+    /// Records `work` for replay; `Ok(None)` where this device does not record.
+    fn record(&self, work: &[Work]) -> Result<Option<Self::Recording>>;
+    /// Gives item `index` of a recording `work`'s parameters (an item of the same kind);
+    /// `Ok(false)` where the recording cannot take them (it is then recorded anew).
+    fn update(&self, recording: &mut Self::Recording, index: usize, work: &Work) -> Result<bool>;
+    /// Runs a recording on the current stream.
+    fn replay(&self, recording: &Self::Recording) -> Result<()>;
 }
 
-/// Blocks in the grid and threads in each block (1-D launches).
-struct Geometry {
-    blocks: u32,
-    threads: u32,
+/// How a program's runs went, for tests and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Runs launched step by step.
+    pub direct: u64,
+    /// Runs replayed from a recording.
+    pub replayed: u64,
+    /// Recordings made (the first run of a bucket, or after a change a recording could
+    /// not take).
+    pub recorded: u64,
+    /// Recorded items given new parameters (addresses, product sizes).
+    pub patched: u64,
 }
 
+/// The resolved dims of one input signature, and an exact layout for them.
 struct Plan {
     env: SymbolBindings,
     shapes: Vec<Vec<usize>>,
-    /// Arena offset of each node written to the arena.
-    offsets: HashMap<usize, usize>,
-    arena_bytes: usize,
-    /// Scratch bytes and offset for each step that needs some.
-    scratch: HashMap<usize, usize>,
+    exact: Layout,
+}
+
+struct Recorded<R> {
+    recording: R,
+    work: Vec<Work>,
+}
+
+/// A dim bucket's layout and recording.
+struct Bucket<R> {
+    layout: Layout,
+    recorded: Option<Recorded<R>>,
+}
+
+struct RunState<R> {
+    /// (capacity, buffer): grown when a layout needs more (recordings made on the old
+    /// arena are dropped then).
+    arena: Option<(usize, Box<dyn DeviceBuffer>)>,
+    meta: Option<(usize, Box<dyn DeviceBuffer>)>,
+    buckets: HashMap<Vec<i64>, Bucket<R>>,
+    /// The stream of the last run, which may still be running there.
+    stream: Option<u64>,
+    /// Whether the device records (known after its first answer).
+    records: bool,
+    stats: RunStats,
 }
 
 pub struct Program<D: Device> {
@@ -77,16 +166,14 @@ pub struct Program<D: Device> {
     pub device: D,
     /// Device copies of weights and constants, by node.
     weights: HashMap<usize, Box<dyn DeviceBuffer>>,
+    /// For buffers written straight into a caller's output: which output.
+    output_of: HashMap<usize, usize>,
+    /// Some kernel checks indices read from tensors (and flags a failure in `meta[0]`), so
+    /// a run waits for the device to read the flag back.
+    checks_indices: bool,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
-    /// Runs are serialized: they share the arena and the meta buffer, kept between runs.
-    run_state: Mutex<RunState>,
-}
-
-#[derive(Default)]
-struct RunState {
-    /// (capacity, buffer): grown when a plan needs more.
-    arena: Option<(usize, Box<dyn DeviceBuffer>)>,
-    meta: Option<(usize, Box<dyn DeviceBuffer>)>,
+    /// Runs are serialized: they share the arena, `meta` and the recordings.
+    run_state: Mutex<RunState<D::Recording>>,
 }
 
 /// A buffer of at least `bytes` from `slot`, reallocated only to grow.
@@ -106,8 +193,9 @@ fn bytes_of(shape: &[usize], dtype: ember_core::dtype::DType) -> usize {
     shape.iter().product::<usize>() * dtype.size()
 }
 
-fn round_up(n: usize) -> usize {
-    n.div_ceil(ALIGN) * ALIGN
+/// Whether `EMBER_CUDA_GRAPHS=0` turns recordings off (every run launched step by step).
+fn recordings_enabled() -> bool {
+    std::env::var("EMBER_CUDA_GRAPHS").map_or(true, |v| v != "0")
 }
 
 impl<D: Device> Program<D> {
@@ -143,13 +231,35 @@ impl<D: Device> Program<D> {
             device.upload(buf.addr(), bytes)?;
             uploaded.insert(id, buf);
         }
+        let output_of = kp
+            .steps
+            .iter()
+            .filter_map(|s| match s.dest {
+                Dest::Output(k) => Some((s.node, k)),
+                Dest::Node(_) => None,
+            })
+            .collect();
+        let checks_indices = kp.source.contains("ember_index(");
         Ok(Program {
             kp,
             device,
             weights: uploaded,
+            output_of,
+            checks_indices,
             plans: Mutex::new(HashMap::new()),
-            run_state: Mutex::new(RunState::default()),
+            run_state: Mutex::new(RunState {
+                arena: None,
+                meta: None,
+                buckets: HashMap::new(),
+                stream: None,
+                records: recordings_enabled(),
+                stats: RunStats::default(),
+            }),
         })
+    }
+
+    fn limits(&self) -> impl Fn(bool) -> (u32, u32) + '_ {
+        |coop| self.device.launch_limits(coop)
     }
 
     fn plan(&self, input_shapes: &[Vec<usize>]) -> Result<Arc<Plan>> {
@@ -157,77 +267,12 @@ impl<D: Device> Program<D> {
         if let Some(p) = plans.get(input_shapes) {
             return Ok(p.clone());
         }
-        let g = &self.kp.graph;
-        let resolved = resolve(g, input_shapes)?;
-        // The last step reading each node.
-        let mut last_read: HashMap<usize, usize> = HashMap::new();
-        for (s, step) in self.kp.steps.iter().enumerate() {
-            let reads: Vec<usize> = match &step.kind {
-                StepKind::Kernel { args, .. } => args.clone(),
-                StepKind::Gemm(gm) => vec![gm.a, gm.b],
-            };
-            for r in reads {
-                last_read.insert(r, s);
-            }
-        }
-        // First-fit offsets over the live intervals (the arena is reused as values die).
-        let mut live: Vec<(usize, usize, usize)> = Vec::new(); // (offset, size, dies after step)
-        let mut offsets = HashMap::new();
-        let mut scratch = HashMap::new();
-        let mut top = 0usize;
-        let mut place =
-            |size: usize, dies: usize, s: usize, live: &mut Vec<(usize, usize, usize)>| {
-                live.retain(|&(_, _, d)| d >= s);
-                live.sort_unstable();
-                let mut at = 0usize;
-                for &(o, sz, _) in live.iter() {
-                    if at + size <= o {
-                        break;
-                    }
-                    at = at.max(o + sz);
-                }
-                live.push((at, size, dies));
-                top = top.max(at + size);
-                at
-            };
-        for (s, step) in self.kp.steps.iter().enumerate() {
-            if let StepKind::Kernel {
-                scratch_per_block: Some(per_block),
-                launch,
-                kernel,
-                ..
-            } = &step.kind
-            {
-                let coop = self.kp.kernels[*kernel].cooperative;
-                let blocks = self
-                    .launch_config(launch, &resolved.env, coop, true)?
-                    .blocks;
-                let per = per_block.eval(&resolved.env)?.max(0) as usize;
-                let acc = if step_dtype_is_f64(&self.kp, step.node) {
-                    8
-                } else {
-                    4
-                };
-                let size = round_up((blocks as usize * per * acc).max(1));
-                scratch.insert(s, place(size, s, s, &mut live));
-            }
-            // A node written by several steps (scatter: copy, then updates) is placed once.
-            let unplaced = match step.dest {
-                Dest::Node(n) if !offsets.contains_key(&n) => Some(n),
-                _ => None,
-            };
-            if let Some(n) = unplaced {
-                let size = round_up(bytes_of(&resolved.shapes[n], g.nodes[n].ty.dtype).max(1));
-                let dies = last_read.get(&n).copied().unwrap_or(s).max(s);
-                offsets.insert(n, place(size, dies, s, &mut live));
-            }
-        }
+        let resolved = resolve(&self.kp.graph, input_shapes)?;
+        let exact = layout::plan(&self.kp, &self.limits(), &[&resolved.env], None)?;
         let plan = Arc::new(Plan {
             env: resolved.env,
             shapes: resolved.shapes,
-            offsets,
-            arena_bytes: top,
-            scratch,
+            exact,
         });
         if plans.len() >= MAX_PLANS {
             plans.clear();
@@ -236,68 +281,25 @@ impl<D: Device> Program<D> {
         Ok(plan)
     }
 
-    /// The geometry of a launch; empty work gives zero blocks. Kernels with per-block
-    /// scratch run on fewer blocks (grid-stride), which bounds the scratch they need.
-    fn launch_config(
-        &self,
-        launch: &Launch,
-        env: &SymbolBindings,
-        cooperative: bool,
-        scratch: bool,
-    ) -> Result<Geometry> {
-        let (max_block, mut max_grid) = self.device.launch_limits(cooperative);
-        if scratch {
-            max_grid = max_grid.min(MAX_SCRATCH_BLOCKS);
-        }
-        Ok(match launch {
-            Launch::Elements(n) => {
-                let n = n.eval(env)?.max(0) as u64;
-                Geometry {
-                    blocks: n.div_ceil(max_block as u64).min(max_grid as u64) as u32,
-                    threads: max_block,
-                }
-            }
-            Launch::Rows { rows, width } => {
-                let rows = rows.eval(env)?.max(0) as u64;
-                let width = width.eval(env)?.max(1) as u64;
-                Geometry {
-                    blocks: rows.min(max_grid as u64) as u32,
-                    threads: width.next_power_of_two().clamp(32, max_block as u64) as u32,
-                }
-            }
-        })
+    /// How this program's runs went so far.
+    pub fn stats(&self) -> RunStats {
+        self.run_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats
     }
 
-    /// Runs on device addresses: `inputs` contiguous, `outputs` sized by `output_shapes`,
-    /// launching on `stream`.
-    pub fn run_on_device(
+    /// The run's work under `layout`, with the dims of `env`.
+    fn work(
         &self,
-        input_shapes: &[Vec<usize>],
+        layout: &Layout,
+        env: &SymbolBindings,
+        meta: u64,
+        base: u64,
         inputs: &[u64],
         outputs: &[u64],
-        stream: u64,
-    ) -> Result<()> {
-        let mut state = self.run_state.lock().unwrap_or_else(|e| e.into_inner());
-        let plan = self.plan(input_shapes)?;
-        let (want_in, want_out) = (self.kp.graph.inputs.len(), self.kp.graph.outputs.len());
-        if inputs.len() != want_in || outputs.len() != want_out {
-            return Err(Error::Input(format!(
-                "expected {want_in} inputs and {want_out} outputs, got {} and {}",
-                inputs.len(),
-                outputs.len()
-            )));
-        }
-        self.device.set_stream(stream);
+    ) -> Result<Vec<Work>> {
         let kp = &self.kp;
-        let g = &kp.graph;
-        let mut meta: Vec<i64> = vec![0];
-        for s in &kp.symbols {
-            meta.push(*plan.env.get(s).unwrap_or(&0));
-        }
-        let meta_bytes: Vec<u8> = meta.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let meta_addr = reuse(&self.device, &mut state.meta, meta_bytes.len())?;
-        self.device.upload(meta_addr, &meta_bytes)?;
-        let base = reuse(&self.device, &mut state.arena, plan.arena_bytes.max(ALIGN))?;
         let addr_of =
             |node: usize| -> Result<u64> {
                 match kp.mem[node] {
@@ -309,52 +311,48 @@ impl<D: Device> Program<D> {
                         Error::Runtime(format!("weight of node {node} not uploaded"))
                     }),
                     Mem::Buffer => {
-                        if let Some(&o) = plan.offsets.get(&node) {
+                        if let Some(&o) = layout.offsets.get(&node) {
                             return Ok(base + o as u64);
                         }
-                        // A buffer written straight into a caller's output.
-                        kp.steps
-                            .iter()
-                            .find_map(|s| match s.dest {
-                                Dest::Output(k) if s.node == node => outputs.get(k).copied(),
-                                _ => None,
-                            })
+                        self.output_of
+                            .get(&node)
+                            .and_then(|&k| outputs.get(k).copied())
                             .ok_or_else(|| Error::Runtime(format!("node {node} has no memory")))
                     }
                     Mem::Inline => Err(Error::Runtime(format!("node {node} is not in memory"))),
                 }
             };
+        let mut work = Vec::with_capacity(kp.steps.len());
         for (s, step) in kp.steps.iter().enumerate() {
             let dest = match step.dest {
-                Dest::Node(n) => base + plan.offsets[&n] as u64,
+                Dest::Node(n) => base + layout.offsets[&n] as u64,
                 Dest::Output(k) => outputs[k],
             };
             match &step.kind {
-                StepKind::Kernel {
-                    kernel,
-                    args,
-                    launch,
-                    ..
-                } => {
-                    let coop = kp.kernels[*kernel].cooperative;
-                    let scratch = plan.scratch.contains_key(&s);
-                    let Geometry { blocks, threads } =
-                        self.launch_config(launch, &plan.env, coop, scratch)?;
-                    if blocks == 0 {
+                StepKind::Kernel { kernel, args, .. } => {
+                    let geom = layout.geometry[s]
+                        .ok_or_else(|| Error::Runtime(format!("step {s} has no geometry")))?;
+                    if geom.blocks == 0 {
                         continue;
                     }
-                    let mut params = vec![meta_addr, dest];
+                    let mut params = Vec::with_capacity(args.len() + 3);
+                    params.extend([meta, dest]);
                     for &a in args {
                         params.push(addr_of(a)?);
                     }
-                    if let Some(&o) = plan.scratch.get(&s) {
+                    if let Some(&(o, _)) = layout.scratch.get(&s) {
                         params.push(base + o as u64);
                     }
-                    self.device.launch(*kernel, blocks, threads, &params)?;
+                    work.push(Work::Launch {
+                        kernel: *kernel,
+                        grid: geom.blocks,
+                        block: geom.threads,
+                        args: params,
+                    });
                 }
                 StepKind::Gemm(gm) => {
                     let ev = |d: &ember_core::dim::Dim| -> Result<usize> {
-                        Ok(d.eval(&plan.env)?.max(0) as usize)
+                        Ok(d.eval(env)?.max(0) as usize)
                     };
                     let call = GemmCall {
                         a: addr_of(gm.a)?,
@@ -367,19 +365,185 @@ impl<D: Device> Program<D> {
                         n: ev(&gm.n)?,
                         k: ev(&gm.k)?,
                         dtype: gm.dtype,
+                        bias: gm.bias.map(addr_of).transpose()?.unwrap_or(0),
                     };
                     if call.batch * call.m * call.n > 0 {
-                        self.device.gemm(&call)?;
+                        work.push(Work::Gemm(call));
                     }
                 }
             }
         }
+        Ok(work)
+    }
+
+    /// The bucket key of `env`: each symbol's bucket, in `meta` order.
+    fn bucket_key(&self, env: &SymbolBindings) -> Vec<i64> {
+        self.kp
+            .symbols
+            .iter()
+            .map(|s| layout::bucket(*env.get(s).unwrap_or(&0)))
+            .collect()
+    }
+
+    /// Runs on device addresses: `inputs` contiguous, `outputs` sized by `output_shapes`,
+    /// launching on `stream`. Returns without waiting for the device unless the program
+    /// checks indices (then a bad index raises here, naming its node).
+    pub fn run_on_device(
+        &self,
+        input_shapes: &[Vec<usize>],
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        let mut guard = self.run_state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = &mut *guard;
+        let plan = self.plan(input_shapes)?;
+        let (want_in, want_out) = (self.kp.graph.inputs.len(), self.kp.graph.outputs.len());
+        if inputs.len() != want_in || outputs.len() != want_out {
+            return Err(Error::Input(format!(
+                "expected {want_in} inputs and {want_out} outputs, got {} and {}",
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        // The arena and `meta` are shared by runs: one still running on another stream
+        // must finish before this one overwrites them.
+        if state.stream.is_some_and(|s| s != stream) {
+            self.device.synchronize()?;
+        }
+        self.device.set_stream(stream);
+        state.stream = Some(stream);
+
+        let mut meta: Vec<i64> = vec![0];
+        for s in &self.kp.symbols {
+            meta.push(*plan.env.get(s).unwrap_or(&0));
+        }
+        let meta_bytes: Vec<u8> = meta.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let meta_addr = reuse(&self.device, &mut state.meta, meta_bytes.len())?;
+
+        if state.records {
+            self.run_recorded(state, &plan, &meta_bytes, meta_addr, inputs, outputs)?;
+        } else {
+            let base = reuse(
+                &self.device,
+                &mut state.arena,
+                plan.exact.arena_bytes.max(ALIGN),
+            )?;
+            self.device.upload_async(meta_addr, &meta_bytes)?;
+            for w in self.work(&plan.exact, &plan.env, meta_addr, base, inputs, outputs)? {
+                w.run(&self.device)?;
+            }
+            state.stats.direct += 1;
+        }
+        if self.checks_indices {
+            self.check_flag(meta_addr)?;
+        }
+        Ok(())
+    }
+
+    /// One run through the recording of its dim bucket: made on the bucket's first run,
+    /// patched where this call differs, replayed.
+    fn run_recorded(
+        &self,
+        state: &mut RunState<D::Recording>,
+        plan: &Plan,
+        meta_bytes: &[u8],
+        meta_addr: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+    ) -> Result<()> {
+        let limits = self.limits();
+        let key = self.bucket_key(&plan.env);
+        let mut bucket = match state.buckets.remove(&key) {
+            Some(b) if b.layout.serves(&self.kp, &limits, &plan.env) => b,
+            old => {
+                // Sized for the whole bucket (and for this call, and anything the old
+                // layout served: dims are not always monotonic in the symbols).
+                let bucket_env: SymbolBindings = self
+                    .kp
+                    .symbols
+                    .iter()
+                    .cloned()
+                    .zip(key.iter().copied())
+                    .collect();
+                let floor = old.as_ref().map(|b| &b.layout);
+                Bucket {
+                    layout: layout::plan(&self.kp, &limits, &[&plan.env, &bucket_env], floor)?,
+                    recorded: None,
+                }
+            }
+        };
+        let arena_before = state.arena.as_ref().map(|(_, b)| b.addr());
+        let base = reuse(
+            &self.device,
+            &mut state.arena,
+            bucket.layout.arena_bytes.max(ALIGN),
+        )?;
+        if arena_before.is_some_and(|a| a != base) {
+            // Recordings hold arena addresses: those made on the old arena are stale.
+            for b in state.buckets.values_mut() {
+                b.recorded = None;
+            }
+            bucket.recorded = None;
+        }
+        let work = self.work(&bucket.layout, &plan.env, meta_addr, base, inputs, outputs)?;
+        let mut fresh = true;
+        if let Some(rec) = bucket.recorded.as_mut() {
+            let same_shape = rec.work.len() == work.len()
+                && rec.work.iter().zip(&work).all(|(a, b)| a.same_kind(b));
+            fresh = !same_shape;
+            if same_shape {
+                for (i, w) in work.iter().enumerate() {
+                    if rec.work[i] == *w {
+                        continue;
+                    }
+                    if !self.device.update(&mut rec.recording, i, w)? {
+                        fresh = true;
+                        break;
+                    }
+                    rec.work[i] = w.clone();
+                    state.stats.patched += 1;
+                }
+            }
+        }
+        if fresh {
+            bucket.recorded = None;
+            match self.device.record(&work)? {
+                Some(recording) => {
+                    bucket.recorded = Some(Recorded { recording, work });
+                    state.stats.recorded += 1;
+                }
+                None => {
+                    // This device does not record: every later run goes step by step.
+                    state.records = false;
+                    self.device.upload_async(meta_addr, meta_bytes)?;
+                    for w in &work {
+                        w.run(&self.device)?;
+                    }
+                    state.stats.direct += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.device.upload_async(meta_addr, meta_bytes)?;
+        if let Some(rec) = &bucket.recorded {
+            self.device.replay(&rec.recording)?;
+            state.stats.replayed += 1;
+        }
+        if state.buckets.len() >= MAX_BUCKETS {
+            state.buckets.clear();
+        }
+        state.buckets.insert(key, bucket);
+        Ok(())
+    }
+
+    /// Waits for the run and raises if a kernel flagged an index out of range.
+    fn check_flag(&self, meta_addr: u64) -> Result<()> {
         let mut flag = [0u8; 8];
         self.device.download(meta_addr, &mut flag)?;
-        self.device.synchronize()?;
         let failed = i64::from_le_bytes(flag);
         if failed != 0 {
-            let node = &g.nodes[(failed - 1) as usize];
+            let node = &self.kp.graph.nodes[(failed - 1) as usize];
             return Err(Error::Runtime(format!(
                 "index out of range in {} (node '{}')",
                 node.op.name(),
@@ -401,8 +565,11 @@ impl<D: Device> Program<D> {
     }
 }
 
-fn step_dtype_is_f64(kp: &KernelProgram, node: usize) -> bool {
-    kp.graph.nodes[node].ty.dtype == ember_core::dtype::DType::F64
+impl<D: Device> Drop for Program<D> {
+    fn drop(&mut self) {
+        // Runs return before the device finishes them; the buffers must outlive that work.
+        let _ = self.device.synchronize();
+    }
 }
 
 /// Copies a strided host view into contiguous bytes.
@@ -446,6 +613,16 @@ impl<D: Device> Executable for Program<D> {
         stream: u64,
     ) -> Result<()> {
         self.run_on_device(input_shapes, inputs, outputs, stream)
+    }
+
+    fn run_stats(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("direct", s.direct),
+            ("replayed", s.replayed),
+            ("recorded", s.recorded),
+            ("patched", s.patched),
+        ]
     }
 
     unsafe fn run(&self, inputs: &[TensorView], outputs: &[TensorOut]) -> Result<()> {

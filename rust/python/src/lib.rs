@@ -202,25 +202,39 @@ fn cpu_profile_take() -> Vec<ember_cpu::profile::Row> {
     ember_cpu::profile::take()
 }
 
-fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
-    match name {
-        // Starting a thread pool can fail (and panic) when the OS refuses threads.
-        "cpu" => {
-            guard(|| Ok(Box::new(ember_cpu::CpuBackend::new(num_threads)) as Box<dyn Backend>))
-        }
-        "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
-        #[cfg(feature = "cuda")]
-        "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
-        #[cfg(feature = "cuda")]
-        "cuda" => guard(|| Ok(Box::new(ember_cuda::CudaBackend::new()?) as Box<dyn Backend>)),
-        other => Err(CompileError::new_err(format!(
-            "unknown backend '{other}'; available: cpu, reference{}",
-            if cfg!(feature = "cuda") {
-                ", cuda-emu"
-            } else {
-                ""
+/// Which backend a program is compiled for, and its settings (kept to compile again).
+#[derive(Clone)]
+struct BackendChoice {
+    name: String,
+    num_threads: usize,
+    /// f32 products may use TF32 tensor cores (CUDA; ~10-bit mantissa inputs).
+    allow_tf32: bool,
+}
+
+impl BackendChoice {
+    fn make(&self) -> PyResult<Box<dyn Backend>> {
+        let num_threads = self.num_threads;
+        match self.name.as_str() {
+            // Starting a thread pool can fail (and panic) when the OS refuses threads.
+            "cpu" => {
+                guard(|| Ok(Box::new(ember_cpu::CpuBackend::new(num_threads)) as Box<dyn Backend>))
             }
-        ))),
+            "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
+            #[cfg(feature = "cuda")]
+            "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
+            #[cfg(feature = "cuda")]
+            "cuda" => guard(|| {
+                Ok(Box::new(ember_cuda::CudaBackend::new(self.allow_tf32)?) as Box<dyn Backend>)
+            }),
+            other => Err(CompileError::new_err(format!(
+                "unknown backend '{other}'; available: cpu, reference{}",
+                if cfg!(feature = "cuda") {
+                    ", cuda-emu"
+                } else {
+                    ""
+                }
+            ))),
+        }
     }
 }
 
@@ -229,8 +243,7 @@ fn make_backend(name: &str, num_threads: usize) -> PyResult<Box<dyn Backend>> {
 struct Executable {
     inner: Box<dyn CoreExecutable>,
     graph: Arc<Pt2Program>,
-    backend: String,
-    num_threads: usize,
+    backend: BackendChoice,
     /// The program the optimizer adopted (the input program when it adopted none).
     optimized: Graph,
     report: SearchReport,
@@ -240,12 +253,22 @@ struct Executable {
 impl Executable {
     #[getter]
     fn backend(&self) -> String {
-        self.backend.clone()
+        self.backend.name.clone()
     }
 
     /// The program that runs (after optimization), as text.
     fn ir(&self) -> String {
         self.optimized.to_string()
+    }
+
+    /// How runs went, by counter name (CUDA: `replayed`, `recorded`, `patched`, `direct`);
+    /// empty for backends that keep no counters.
+    fn run_stats(&self) -> HashMap<String, u64> {
+        self.inner
+            .run_stats()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
     }
 
     /// What the optimizer did, as plain Python data (see `ember.SearchReport`).
@@ -262,13 +285,12 @@ impl Executable {
         weights: Option<HashMap<String, RawBuffer>>,
     ) -> PyResult<Executable> {
         let bound = bind_weights(&self.graph, weights)?;
-        let backend_impl = make_backend(&self.backend, self.num_threads)?;
+        let backend_impl = self.backend.make()?;
         let exe = py.detach(|| guard(|| backend_impl.compile(&self.optimized, &bound)))?;
         Ok(Executable {
             inner: exe,
             graph: self.graph.clone(),
             backend: self.backend.clone(),
-            num_threads: self.num_threads,
             optimized: self.optimized.clone(),
             report: self.report.clone(),
         })
@@ -411,9 +433,10 @@ fn bind_weights(
 /// optimizer searches up to `search_iterations` candidate programs (0: none) within
 /// `time_budget_s`, measuring them on inputs shaped like `input_shapes` (needed when the
 /// program has symbolic dims), and caches its choice under `cache_dir` when given.
+/// `allow_tf32` lets the CUDA backend multiply f32 on TF32 tensor cores.
 #[pyfunction]
 #[pyo3(signature = (program, backend="cpu", weights=None, num_threads=1, search_iterations=8,
-    time_budget_s=3.0, seed=0, input_shapes=None, cache_dir=None))]
+    time_budget_s=3.0, seed=0, input_shapes=None, cache_dir=None, allow_tf32=false))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -426,11 +449,16 @@ fn compile(
     seed: u64,
     input_shapes: Option<Vec<Vec<usize>>>,
     cache_dir: Option<String>,
+    allow_tf32: bool,
 ) -> PyResult<Executable> {
     let prog = program.inner.clone();
     let bound = bind_weights(&prog, weights)?;
-    let num_threads = num_threads.max(1);
-    let backend_impl = make_backend(backend, num_threads)?;
+    let choice = BackendChoice {
+        name: backend.to_owned(),
+        num_threads: num_threads.max(1),
+        allow_tf32,
+    };
+    let backend_impl = choice.make()?;
     if !(time_budget_s.is_finite() && time_budget_s >= 0.0) {
         return Err(PyValueError::new_err(format!(
             "time_budget_s must be a non-negative number, got {time_budget_s}"
@@ -456,8 +484,7 @@ fn compile(
     Ok(Executable {
         inner: done.executable,
         graph: prog,
-        backend: backend.to_owned(),
-        num_threads,
+        backend: choice,
         optimized: done.graph,
         report: done.report,
     })

@@ -90,6 +90,18 @@ pub struct Gemm {
     pub n: Dim,
     pub k: Dim,
     pub dtype: DType,
+    /// A vector of `n` values added to every row as the product is written (cuBLASLt's
+    /// bias epilogue): the `+ bias` of a linear layer, folded into its product.
+    pub bias: Option<usize>,
+}
+
+impl Gemm {
+    /// The nodes the product reads.
+    pub fn reads(&self) -> Vec<usize> {
+        let mut r = vec![self.a, self.b];
+        r.extend(self.bias);
+        r
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -324,6 +336,39 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         gemm_operands.insert(id, ops);
     }
 
+    // `dot + bias` where the bias is a vector broadcast along the rows: the product's step
+    // adds it as it writes (the dot and the add then need no memory of their own).
+    let mut bias_of: HashMap<usize, (usize, usize)> = HashMap::new(); // add → (dot, bias)
+    for &d in gemm_operands.keys() {
+        if is_output[d] || consumers[d].len() != 1 {
+            continue;
+        }
+        let add = *consumers[d].iter().next().expect("one consumer");
+        let an = &g.nodes[add];
+        if an.op != Op::Binary(ember_core::ir::BinaryOp::Add) || an.ty.dtype != g.nodes[d].ty.dtype
+        {
+            continue;
+        }
+        let other = if an.inputs[0] == d {
+            an.inputs[1]
+        } else {
+            an.inputs[0]
+        };
+        if other == d {
+            continue;
+        }
+        if let Some(b) = row_bias(g, &mem, other, &g.nodes[d].ty.shape) {
+            bias_of.insert(add, (d, b));
+        }
+    }
+    for (&add, &(d, _)) in &bias_of {
+        mem[d] = Mem::Inline;
+        mem[add] = Mem::Buffer;
+        let ops = gemm_operands[&d];
+        gemm_operands.insert(add, ops);
+        gemm_operands.remove(&d);
+    }
+
     let symbols = collect_symbols(g);
     let in_memory: Vec<bool> = mem
         .iter()
@@ -358,9 +403,13 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             continue;
         }
         let kind = if let Some(&[(a, ta), (b, tb)]) = gemm_operands.get(&id) {
+            let (dot, bias) = match bias_of.get(&id) {
+                Some(&(d, b)) => (&g.nodes[d], Some(b)),
+                None => (n, None),
+            };
             let (ash, bsh) = (
-                &g.nodes[n.inputs[0]].ty.shape,
-                &g.nodes[n.inputs[1]].ty.shape,
+                &g.nodes[dot.inputs[0]].ty.shape,
+                &g.nodes[dot.inputs[1]].ty.shape,
             );
             let r = ash.len();
             StepKind::Gemm(Gemm {
@@ -373,6 +422,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 k: ash[r - 1].clone(),
                 n: bsh[r - 1].clone(),
                 dtype: n.ty.dtype,
+                bias,
             })
         } else {
             gen.node_kernel(id)?
@@ -417,4 +467,24 @@ fn in_memory_through_reshape(g: &Graph, mem: &[Mem], mut x: usize) -> Option<usi
             },
         }
     }
+}
+
+/// The vector in memory that `x` broadcasts along the rows of a `[.., M, N]` product, if it
+/// is one: `x` expands a `[1, .., 1, N]` tensor that is, through reshapes, an `N`-element
+/// node in memory — so element `[.., i, j]` of `x` is element `j` of that node.
+fn row_bias(g: &Graph, mem: &[Mem], x: usize, out: &[Dim]) -> Option<usize> {
+    let Op::Expand { shape } = &g.nodes[x].op else {
+        return None;
+    };
+    if shape.as_slice() != out {
+        return None;
+    }
+    let src = g.nodes[x].inputs[0];
+    let sshape = &g.nodes[src].ty.shape;
+    let (last, lead) = sshape.split_last()?;
+    let n = out.last()?;
+    if lead.iter().any(|d| d.as_const() != Some(1)) || last.provably_equal(n) != Some(true) {
+        return None;
+    }
+    in_memory_through_reshape(g, mem, src)
 }

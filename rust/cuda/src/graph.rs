@@ -1,0 +1,214 @@
+//! Recordings on the GPU: a program's work as one CUDA graph — kernels as graph nodes of
+//! their own, each cuBLASLt product a child graph captured from one call (cuBLASLt's kernels
+//! cannot be named from outside), chained in order. The executor patches changed addresses
+//! and product sizes into the instantiated graph node by node (`exec.rs`).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{result as drv, sys};
+use ember_core::Result;
+
+use crate::device::{driver_err, CudaDevice, Gpu};
+use crate::exec::{GemmCall, Work};
+
+/// A program's work as an instantiated CUDA graph: a chain of kernel nodes and cuBLASLt
+/// child graphs.
+pub struct GpuGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    /// The node of each work item, in order.
+    nodes: Vec<sys::CUgraphNode>,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: graph handles are driver objects usable from any thread with the context current;
+// the executor uses a recording from one run at a time.
+unsafe impl Send for GpuGraph {}
+
+/// Kernel node parameters; `values` must outlive the call they are passed to (the driver
+/// copies them).
+fn kernel_node(
+    func: sys::CUfunction,
+    grid: u32,
+    block: u32,
+    values: &mut [*mut c_void],
+) -> sys::CUDA_KERNEL_NODE_PARAMS {
+    sys::CUDA_KERNEL_NODE_PARAMS {
+        func,
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        kernelParams: values.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    }
+}
+
+/// Pointers to each argument value, as `kernelParams` wants them.
+fn param_pointers(values: &mut [u64]) -> Vec<*mut c_void> {
+    values
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut c_void)
+        .collect()
+}
+
+impl GpuGraph {
+    pub(crate) fn new(dev: &CudaDevice, work: &[Work]) -> Result<GpuGraph> {
+        dev.gpu.make_current()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: creating an empty graph.
+        unsafe { sys::cuGraphCreate(&mut graph, 0).result() }
+            .map_err(|e| driver_err("graph creation", e))?;
+        let mut me = GpuGraph {
+            graph,
+            exec: std::ptr::null_mut(),
+            nodes: Vec::with_capacity(work.len()),
+            gpu: dev.gpu.clone(),
+        };
+        for w in work {
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            let deps: Vec<sys::CUgraphNode> = me.nodes.last().copied().into_iter().collect();
+            match w {
+                Work::Launch {
+                    kernel,
+                    grid,
+                    block,
+                    args,
+                } => {
+                    let mut values = args.clone();
+                    let mut ptrs = param_pointers(&mut values);
+                    let params = kernel_node(dev.functions[*kernel], *grid, *block, &mut ptrs);
+                    // SAFETY: a kernel of the loaded module with its parameters in
+                    // signature order (all 64-bit), copied by the driver.
+                    unsafe {
+                        sys::cuGraphAddKernelNode_v2(
+                            &mut node,
+                            me.graph,
+                            deps.as_ptr(),
+                            deps.len(),
+                            &params,
+                        )
+                        .result()
+                    }
+                    .map_err(|e| driver_err("graph kernel node", e))?;
+                }
+                Work::Gemm(call) => {
+                    let child = dev.capture_gemm(call)?;
+                    // SAFETY: `child` was captured above; the driver clones it into the
+                    // node, so it is destroyed right after.
+                    let added = unsafe {
+                        sys::cuGraphAddChildGraphNode(
+                            &mut node,
+                            me.graph,
+                            deps.as_ptr(),
+                            deps.len(),
+                            child,
+                        )
+                        .result()
+                    };
+                    unsafe {
+                        let _ = sys::cuGraphDestroy(child);
+                    }
+                    added.map_err(|e| driver_err("graph product node", e))?;
+                }
+            }
+            me.nodes.push(node);
+        }
+        // SAFETY: a complete graph of this context.
+        me.exec =
+            unsafe { drv::graph::instantiate(me.graph, sys::CUgraphInstantiate_flags_enum(0)) }
+                .map_err(|e| driver_err("graph instantiation", e))?;
+        Ok(me)
+    }
+
+    /// Launches the graph on `stream`.
+    pub(crate) fn launch(&self, stream: sys::CUstream) -> Result<()> {
+        self.gpu.make_current()?;
+        // SAFETY: an instantiated graph of this context; its addresses are live (the
+        // executor drops recordings whose arena was freed).
+        unsafe { drv::graph::launch(self.exec, stream) }.map_err(|e| driver_err("graph launch", e))
+    }
+
+    /// Patches node `index` with `work`'s parameters; false when the driver refuses (a
+    /// product whose new sizes cuBLASLt serves with other kernels).
+    pub(crate) fn update(&mut self, dev: &CudaDevice, index: usize, work: &Work) -> Result<bool> {
+        dev.gpu.make_current()?;
+        let node = self.nodes[index];
+        match work {
+            Work::Launch {
+                kernel,
+                grid,
+                block,
+                args,
+            } => {
+                let mut values = args.clone();
+                let mut ptrs = param_pointers(&mut values);
+                let params = kernel_node(dev.functions[*kernel], *grid, *block, &mut ptrs);
+                // SAFETY: `node` is a kernel node of this graph; parameters as in `new`.
+                let r = unsafe {
+                    sys::cuGraphExecKernelNodeSetParams_v2(self.exec, node, &params).result()
+                };
+                Ok(r.is_ok())
+            }
+            Work::Gemm(call) => {
+                let child = dev.capture_gemm(call)?;
+                // SAFETY: `node` is a child-graph node of this graph; `child` is ours.
+                let r = unsafe {
+                    let r = sys::cuGraphExecChildGraphNodeSetParams(self.exec, node, child);
+                    let _ = sys::cuGraphDestroy(child);
+                    r.result()
+                };
+                Ok(r.is_ok())
+            }
+        }
+    }
+}
+
+impl Drop for GpuGraph {
+    fn drop(&mut self) {
+        if self.gpu.make_current().is_ok() {
+            // SAFETY: destroyed once; the driver frees an in-flight executable graph when
+            // its launch completes.
+            unsafe {
+                if !self.exec.is_null() {
+                    let _ = sys::cuGraphExecDestroy(self.exec);
+                }
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+impl CudaDevice {
+    /// One cuBLASLt product captured (not run) as a graph of its own.
+    fn capture_gemm(&self, call: &GemmCall) -> Result<sys::CUgraph> {
+        let stream = self.gpu.capture_stream;
+        // SAFETY: our own stream, captured in thread-local mode so other threads' CUDA
+        // calls (torch's) are not affected; the capture is ended on every path.
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .result()
+            .map_err(|e| driver_err("stream capture", e))?;
+            let ran = self.gemm_on(call, stream);
+            let mut graph: sys::CUgraph = std::ptr::null_mut();
+            let ended = sys::cuStreamEndCapture(stream, &mut graph).result();
+            if let Err(e) = ran {
+                if !graph.is_null() {
+                    let _ = sys::cuGraphDestroy(graph);
+                }
+                return Err(e);
+            }
+            ended.map_err(|e| driver_err("stream capture", e))?;
+            Ok(graph)
+        }
+    }
+}
