@@ -31,7 +31,8 @@ def test_backend_is_registered_by_entry_point():
 
 def test_unknown_option_names_valid_keys():
     with pytest.raises(
-        ValueError, match="valid: backend, cache, device, export, fallback, num_threads, quiet"
+        ValueError,
+        match="valid: allow_tf32, backend, cache, device, export, fallback, num_threads, quiet",
     ):
         ember.compile(torch.nn.Linear(2, 2), rand(1, 2), speed="max")
 
