@@ -28,8 +28,14 @@ PY
 
 # Run from a copy of the tests outside the source tree, so `import ember` finds the install.
 rm -rf "$out/tests" && cp -r tests "$out/tests"
+# Where the plugins are installed: a test that hangs (a kernel that never ends) is stopped
+# after 120 s, and 4 workers share the compiles (NVRTC, torch.export) across the CPUs.
+extra=()
+python3 -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=120)
+python3 -c "import xdist" 2>/dev/null && extra+=(-n "${PYTEST_WORKERS:-4}")
 python3 -m pytest "$out/tests/ops" "$out/tests/models" "$out/tests/cuda" -m cuda -q \
-    -p no:cacheprovider -rfEs --junitxml="$out/cuda-tests.xml" 2>&1 | tee "$out/cuda-tests.log"
+    -p no:cacheprovider -rfEs --maxfail=60 "${extra[@]}" --junitxml="$out/cuda-tests.xml" \
+    2>&1 | tee "$out/cuda-tests.log"
 tests_rc=${PIPESTATUS[0]}
 
 python3 -m bench.gpu --json "$out/gpu-bench.json" 2>&1 | tee "$out/gpu-bench.log"

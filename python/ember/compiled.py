@@ -210,8 +210,8 @@ class CompiledModel:
         """How this program's runs went. On CUDA: ``replayed`` (runs replayed from a
         recorded CUDA graph), ``recorded`` (graphs recorded: one per dim bucket, again after
         the arena grew), ``patched`` (graph nodes given new addresses or product sizes) and
-        ``direct`` (runs launched kernel by kernel, with ``EMBER_CUDA_GRAPHS=0``). Empty on
-        the CPU."""
+        ``direct`` (runs launched kernel by kernel: with ``EMBER_CUDA_GRAPHS=0``, or after the
+        driver refused a recording, counted in ``record_failures``). Empty on the CPU."""
         return dict(self._exe.run_stats())
 
     def report(self) -> SearchReport:

@@ -54,6 +54,7 @@ def test_one_recording_per_bucket_serves_every_size_and_new_buffers(device):
         (got,) = compiled(x)  # a new input and output buffer every call
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"n={n}")
     stats = compiled._compiled.run_stats()
+    assert stats["record_failures"] == 0, stats
     assert stats["replayed"] == len(SIZES) and stats["direct"] == 0, stats
     # One recording per bucket; the arena grows at most once per new larger bucket, which
     # drops older recordings (so the revisited first bucket may be recorded again).
@@ -90,7 +91,7 @@ def test_graphs_can_be_turned_off(monkeypatch):
         (got,) = compiled(x)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     stats = compiled._compiled.run_stats()
-    assert stats == {"direct": 2, "replayed": 0, "recorded": 0, "patched": 0}, stats
+    assert stats["direct"] == 2 and stats["replayed"] == stats["recorded"] == 0, stats
 
 
 @pytest.mark.parametrize("device", [_on("cuda-emu"), _on("cuda")])

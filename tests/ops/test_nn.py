@@ -137,6 +137,33 @@ def test_sdpa_few_and_many_query_rows(queries, keys_transposed, dims, backend):
     check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("keys", [1, 128, 300])
+def test_sdpa_one_query_row_over_a_long_cache(keys, backend):
+    """One query row per head, as in a decode step: the CUDA backend splits the keys into
+    chunks of 128 and combines the chunks' partial results. A mask hides whole chunks (a
+    chunk with no visible key must add nothing), one head sees no key at all (zeros, as
+    torch), and causal masking lets the single row see only the first key."""
+    q, k, v = rand(1, 4, 1, 16) * 4, rand(1, 4, keys, 16), rand(1, 4, keys, 24)
+    keep = torch.rand(1, 4, 1, keys) > 0.3
+    keep[..., : min(keys - 1, 130)] = False
+    keep[..., -1] = True
+    keep[0, 1] = False
+    bias = torch.zeros(1, 4, 1, keys).masked_fill(~keep, float("-inf"))
+
+    def fn(q, k, v):
+        return (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        )
+
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    assert all(torch.isfinite(t).all() for t in expected)
+    check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
+
+
 def test_batch_norm_eval(backend):
     bn = torch.nn.BatchNorm1d(4).eval()
     bn.running_mean.uniform_(-1, 1)

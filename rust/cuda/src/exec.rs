@@ -128,6 +128,8 @@ pub struct RunStats {
     pub recorded: u64,
     /// Recorded items given new parameters (addresses, product sizes).
     pub patched: u64,
+    /// Recordings the device refused (the program then runs step by step).
+    pub record_failures: u64,
 }
 
 /// The resolved dims of one input signature, and an exact layout for them.
@@ -183,6 +185,10 @@ fn reuse<D: Device>(
     bytes: usize,
 ) -> Result<u64> {
     if slot.as_ref().is_none_or(|(cap, _)| *cap < bytes) {
+        if slot.is_some() {
+            // The last run may still be using the old buffer.
+            device.synchronize()?;
+        }
         *slot = None;
         *slot = Some((bytes, device.alloc(bytes)?));
     }
@@ -341,6 +347,9 @@ impl<D: Device> Program<D> {
                         params.push(addr_of(a)?);
                     }
                     if let Some(&(o, _)) = layout.scratch.get(&s) {
+                        params.push(base + o as u64);
+                    }
+                    if let Some(&(o, _)) = layout.partials.get(&s) {
                         params.push(base + o as u64);
                     }
                     work.push(Work::Launch {
@@ -508,13 +517,18 @@ impl<D: Device> Program<D> {
         }
         if fresh {
             bucket.recorded = None;
-            match self.device.record(&work)? {
-                Some(recording) => {
+            match self.device.record(&work) {
+                Ok(Some(recording)) => {
                     bucket.recorded = Some(Recorded { recording, work });
                     state.stats.recorded += 1;
                 }
-                None => {
-                    // This device does not record: every later run goes step by step.
+                failed => {
+                    // This device does not record (or refused to: a driver without the
+                    // graph calls we use): every later run goes step by step, which gives
+                    // the same results. `run_stats` shows it.
+                    if failed.is_err() {
+                        state.stats.record_failures += 1;
+                    }
                     state.records = false;
                     self.device.upload_async(meta_addr, meta_bytes)?;
                     for w in &work {
@@ -622,6 +636,7 @@ impl<D: Device> Executable for Program<D> {
             ("replayed", s.replayed),
             ("recorded", s.recorded),
             ("patched", s.patched),
+            ("record_failures", s.record_failures),
         ]
     }
 

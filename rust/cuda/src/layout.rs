@@ -12,7 +12,7 @@ use ember_core::dim::SymbolBindings;
 use ember_core::dtype::DType;
 use ember_core::Result;
 
-use crate::codegen::{Dest, KernelProgram, Launch, StepKind};
+use crate::codegen::{Dest, KernelProgram, Launch, Partials, StepKind};
 
 /// Arena allocations are aligned for every dtype and for vectorized access.
 pub const ALIGN: usize = 256;
@@ -37,6 +37,8 @@ pub struct Layout {
     pub slots: HashMap<usize, usize>,
     /// (offset, bytes) of the scratch of each step that needs some.
     pub scratch: HashMap<usize, (usize, usize)>,
+    /// (offset, bytes) of the partial results a step writes for the next (both steps).
+    pub partials: HashMap<usize, (usize, usize)>,
     /// Launch geometry of each kernel step (`None` for library calls).
     pub geometry: Vec<Option<Geometry>>,
     pub arena_bytes: usize,
@@ -112,6 +114,19 @@ fn scratch_bytes(kp: &KernelProgram, s: usize, blocks: u32, env: &SymbolBindings
     Ok(blocks as usize * per * scratch_elem(kp, step.node))
 }
 
+/// Bytes of the partial results step `s` writes under `env` (0 when it writes none).
+fn partial_bytes(kp: &KernelProgram, s: usize, env: &SymbolBindings) -> Result<usize> {
+    let step = &kp.steps[s];
+    let StepKind::Kernel {
+        partials: Some(Partials::Write(elems)),
+        ..
+    } = &step.kind
+    else {
+        return Ok(0);
+    };
+    Ok(elems.eval(env)?.max(0) as usize * scratch_elem(kp, step.node))
+}
+
 fn is_cooperative(kp: &KernelProgram, kind: &StepKind) -> Option<(bool, bool)> {
     match kind {
         StepKind::Kernel {
@@ -185,7 +200,33 @@ pub fn plan(
     let mut offsets = HashMap::new();
     let mut slots = HashMap::new();
     let mut scratch = HashMap::new();
+    let mut partials = HashMap::new();
     for (s, step) in kp.steps.iter().enumerate() {
+        // Partial results live from the step writing them to the next, which reads them.
+        match &step.kind {
+            StepKind::Kernel {
+                partials: Some(Partials::Write(_)),
+                ..
+            } => {
+                let mut need = floor
+                    .and_then(|f| f.partials.get(&s))
+                    .map_or(0, |&(_, b)| b);
+                for env in envs {
+                    need = need.max(partial_bytes(kp, s, env)?);
+                }
+                let size = round_up(need.max(1));
+                partials.insert(s, (place(size, s + 1, s, &mut live), size));
+            }
+            StepKind::Kernel {
+                partials: Some(Partials::Read),
+                ..
+            } => {
+                if let Some(&w) = s.checked_sub(1).and_then(|p| partials.get(&p)) {
+                    partials.insert(s, w);
+                }
+            }
+            _ => {}
+        }
         if let Some(Geometry { blocks, .. }) = geometry[s] {
             let mut need = floor.and_then(|f| f.scratch.get(&s)).map_or(0, |&(_, b)| b);
             for env in envs {
@@ -222,6 +263,7 @@ pub fn plan(
         offsets,
         slots,
         scratch,
+        partials,
         geometry,
         arena_bytes: top,
     })
@@ -249,6 +291,11 @@ impl Layout {
                 }
                 if let Some(&(_, bytes)) = self.scratch.get(&s) {
                     if scratch_bytes(kp, s, have.blocks, env)? > bytes {
+                        return Ok(false);
+                    }
+                }
+                if let Some(&(_, bytes)) = self.partials.get(&s) {
+                    if partial_bytes(kp, s, env)? > bytes {
                         return Ok(false);
                     }
                 }

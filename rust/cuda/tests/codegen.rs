@@ -5,7 +5,7 @@
 use ember_core::dim::Dim;
 use ember_core::dtype::DType;
 use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
-use ember_cuda::codegen::{generate, Mem, StepKind};
+use ember_cuda::codegen::{generate, Mem, Partials, StepKind};
 
 fn input(g: &mut Graph, index: usize, dtype: DType, shape: Vec<Dim>) -> ValueId {
     g.add_source(
@@ -184,4 +184,52 @@ fn another_backends_kernel_choice_is_refused_naming_the_node() {
     let err = ember_core::Error::from(generate(&g).err().expect("refused"));
     let msg = err.to_string();
     assert!(msg.contains("cpu.rowwise") && msg.contains("'mm'"), "{msg}");
+}
+
+#[test]
+fn one_query_row_per_head_splits_attention_over_the_keys_in_two_steps() {
+    let s = Dim::sym("s0");
+    let mut g = Graph::new();
+    let q = input(&mut g, 0, DType::F32, dims(&[1, 4, 1, 16]));
+    let kv_shape = vec![
+        Dim::from(1usize),
+        Dim::from(4usize),
+        s.clone(),
+        Dim::from(16usize),
+    ];
+    let k = input(&mut g, 1, DType::F32, kv_shape.clone());
+    let v = input(&mut g, 2, DType::F32, kv_shape);
+    let attention = Op::Attention {
+        scale: 0.25,
+        causal: false,
+        has_mask: false,
+    };
+    let out = g.add(attention.clone(), &[q, k, v], "attn").unwrap();
+    g.outputs = vec![out];
+    let kp = generate(&g).unwrap();
+    let parts: Vec<_> = kp
+        .steps
+        .iter()
+        .map(|st| match &st.kind {
+            StepKind::Kernel { partials, .. } => partials.clone(),
+            other => panic!("not a kernel: {other:?}"),
+        })
+        .collect();
+    assert!(
+        matches!(
+            parts.as_slice(),
+            [Some(Partials::Write(_)), Some(Partials::Read)]
+        ),
+        "{parts:?}"
+    );
+    assert!(kp.steps.iter().all(|st| st.node == out));
+
+    // Several query rows (prefill) keep one block per row, in one step.
+    let mut g = Graph::new();
+    let q = input(&mut g, 0, DType::F32, dims(&[1, 4, 5, 16]));
+    let k = input(&mut g, 1, DType::F32, dims(&[1, 4, 5, 16]));
+    let v = input(&mut g, 2, DType::F32, dims(&[1, 4, 5, 16]));
+    let out = g.add(attention, &[q, k, v], "attn").unwrap();
+    g.outputs = vec![out];
+    assert_eq!(generate(&g).unwrap().steps.len(), 1);
 }

@@ -10,7 +10,9 @@ use ember_core::ir::{Graph, Op, PoolKind, ReduceOp, ScatterReduce};
 
 use super::emit::{param_decl, Emitter};
 use super::types::{accumulate_type, storage_type, store};
-use super::{CodegenError, Kernel, Launch, StepKind};
+use super::{CodegenError, Kernel, Launch, Partials, StepKind};
+
+mod split_attention;
 
 const NAME: &str = "@KERNEL@";
 /// The loop giving each thread its elements `i < n`, whatever the grid's size.
@@ -35,6 +37,8 @@ struct Body {
     text: String,
     cooperative: bool,
     scratch: Option<&'static str>,
+    /// The accumulator type of the partial results it writes or reads.
+    partials: Option<(&'static str, Partials)>,
 }
 
 impl Body {
@@ -44,6 +48,7 @@ impl Body {
             text: e.body,
             cooperative,
             scratch: None,
+            partials: None,
         }
     }
 }
@@ -58,6 +63,48 @@ fn inf(acc: &str) -> &'static str {
 
 fn err(g: &Graph, id: usize, msg: impl std::fmt::Display) -> CodegenError {
     CodegenError::new(g, id, msg)
+}
+
+/// The attention score of query row `l` and key `j` (variables of the emitted code): the
+/// scaled dot product, then the causal limit and the mask; emitted as `acc s`.
+struct Score {
+    q: usize,
+    k: usize,
+    mask: Option<usize>,
+    scale: f64,
+    causal: bool,
+    acc: &'static str,
+}
+
+impl Score {
+    fn emit(
+        &self,
+        g: &Graph,
+        e: &mut Emitter<'_>,
+        at: &dyn Fn([&str; 2]) -> Vec<String>,
+        l: &str,
+    ) -> Result<(), CodegenError> {
+        let acc = self.acc;
+        e.line(format!("{acc} d = 0;"));
+        e.open("for (i64 c = 0; c < E; ++c)");
+        let qv = e.value(self.q, &at([l, "c"]))?;
+        let kv = e.value(self.k, &at(["j", "c"]))?;
+        e.line(format!("d += ({acc}){qv} * ({acc}){kv};"));
+        e.close();
+        e.line(format!("{acc} s = d * ({acc}){:e};", self.scale));
+        if self.causal {
+            e.line(format!("if (j > {l}) s = -{};", inf(acc)));
+        }
+        if let Some(m) = self.mask {
+            let mv = e.value(m, &at([l, "j"]))?;
+            if g.nodes[m].ty.dtype == DType::Bool {
+                e.line(format!("if (!{mv}) s = -{};", inf(acc)));
+            } else {
+                e.line(format!("s += ({acc}){mv};"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<'a> Generator<'a> {
@@ -96,6 +143,9 @@ impl<'a> Generator<'a> {
         if let Some(t) = body.scratch {
             params.push(format!("{t}* __restrict__ scratch"));
         }
+        if let Some((t, _)) = &body.partials {
+            params.push(format!("{t}* __restrict__ part"));
+        }
         let text = format!(
             "extern \"C\" __global__ void {NAME}({}) {{\n{}}}\n",
             params.join(", "),
@@ -121,6 +171,7 @@ impl<'a> Generator<'a> {
             args: body.e_params,
             launch,
             scratch_per_block: body.scratch.map(|_| self.scratch_dim(id)),
+            partials: body.partials.map(|(_, p)| p),
         }
     }
 
@@ -617,24 +668,15 @@ impl<'a> Generator<'a> {
         };
         e.line(format!("{acc} mx = -{};", inf(acc)));
         e.open("for (i64 j = threadIdx.x; j < S; j += blockDim.x)");
-        e.line(format!("{acc} d = 0;"));
-        e.open("for (i64 c = 0; c < E; ++c)");
-        let qv = e.value(q, &at([&l, "c"]))?;
-        let kv = e.value(k, &at(["j", "c"]))?;
-        e.line(format!("d += ({acc}){qv} * ({acc}){kv};"));
-        e.close();
-        e.line(format!("{acc} s = d * ({acc}){scale:e};"));
-        if causal {
-            e.line(format!("if (j > {l}) s = -{};", inf(acc)));
-        }
-        if let Some(m) = mask {
-            let mv = e.value(m, &at([&l, "j"]))?;
-            if g.nodes[m].ty.dtype == DType::Bool {
-                e.line(format!("if (!{mv}) s = -{};", inf(acc)));
-            } else {
-                e.line(format!("s += ({acc}){mv};"));
-            }
-        }
+        let score = Score {
+            q,
+            k,
+            mask,
+            scale,
+            causal,
+            acc,
+        };
+        score.emit(g, &mut e, &at, &l)?;
         e.line("sc[j] = s;");
         e.line("mx = s > mx ? s : mx;");
         e.close();
@@ -647,16 +689,11 @@ impl<'a> Generator<'a> {
         e.close();
         // The reduction's barriers also publish every thread's `sc` writes to the block.
         e.line("sum = ember_block_reduce(sum, smem, EmberSum());");
-        e.open("for (i64 c = threadIdx.x; c < EV; c += blockDim.x)");
-        e.line(format!("{acc} o = 0;"));
-        e.open("for (i64 j = 0; j < S; ++j)");
-        let vv = e.value(v, &at(["j", "c"]))?;
-        e.line(format!("o += sc[j] * ({acc}){vv};"));
-        e.close();
         // Every score masked (mx = -inf, p = NaN): zeros, as torch's SDPA.
-        e.line(format!("o = mx == -{} ? ({acc})0 : o / sum;", inf(acc)));
-        e.line(format!("out[row * EV + c] = {};", store(dtype, "o")));
-        e.close();
+        let finish = format!("mx == -{} ? ({acc})0 : o / sum", inf(acc));
+        weighted_values(&mut e, v, &at, acc, ("sc", "0", "S"), &finish, &|o| {
+            format!("out[row * EV + c] = {};", store(dtype, o))
+        })?;
         e.line("__syncthreads();");
         e.close();
         let body = Body {
@@ -664,6 +701,7 @@ impl<'a> Generator<'a> {
             text: e.body,
             cooperative: true,
             scratch: Some(acc),
+            partials: None,
         };
         Ok(self.add(
             id,
@@ -937,4 +975,54 @@ impl<'a> Generator<'a> {
         let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
+}
+
+/// `o[c] = Σ_j p[j] · v[j, c]` for the keys `j0 + jj`, `jj < n`, of one row, where `probs`
+/// holds `p[j0 + jj]` at `jj`; then `o = finish` and `write(o)` for each column `c < EV`.
+/// With fewer value columns than threads (a decode step: one query row, 64 columns, 256
+/// threads) G groups of EV threads each take every G-th key and the groups' partial sums
+/// meet in `smem`; otherwise each thread sums every key for its columns. Every thread of
+/// the block must reach it (it synchronizes).
+fn weighted_values(
+    e: &mut Emitter<'_>,
+    v: usize,
+    at: &dyn Fn([&str; 2]) -> Vec<String>,
+    acc: &str,
+    (probs, j0, n): (&str, &str, &str),
+    finish: &str,
+    write: &dyn Fn(&str) -> String,
+) -> Result<(), CodegenError> {
+    e.line("const i64 G = EV < (i64)blockDim.x ? (i64)blockDim.x / EV : 1;");
+    e.open("if (G > 1)");
+    e.line("const i64 grp = (i64)threadIdx.x / EV, c = (i64)threadIdx.x % EV;");
+    e.line(format!("{acc} o = 0;"));
+    e.open("if (grp < G)");
+    e.open(format!("for (i64 jj = grp; jj < {n}; jj += G)"));
+    e.line(format!("const i64 j = {j0} + jj;"));
+    let vv = e.value(v, &at(["j", "c"]))?;
+    e.line(format!("o += {probs}[jj] * ({acc}){vv};"));
+    e.close();
+    e.close();
+    e.line("smem[threadIdx.x] = o;");
+    e.line("__syncthreads();");
+    e.open("if ((i64)threadIdx.x < EV)");
+    e.line("o = 0;");
+    e.line("for (i64 q = 0; q < G; ++q) o += smem[q * EV + c];");
+    e.line(format!("o = {finish};"));
+    e.line(write("o"));
+    e.close();
+    e.close();
+    e.open("else");
+    e.open("for (i64 c = threadIdx.x; c < EV; c += blockDim.x)");
+    e.line(format!("{acc} o = 0;"));
+    e.open(format!("for (i64 jj = 0; jj < {n}; ++jj)"));
+    e.line(format!("const i64 j = {j0} + jj;"));
+    let vv = e.value(v, &at(["j", "c"]))?;
+    e.line(format!("o += {probs}[jj] * ({acc}){vv};"));
+    e.close();
+    e.line(format!("o = {finish};"));
+    e.line(write("o"));
+    e.close();
+    e.close();
+    Ok(())
 }

@@ -113,8 +113,19 @@ pub enum StepKind {
         launch: Launch,
         /// Per-block scratch floats (attention scores): `rows in flight × this`.
         scratch_per_block: Option<Dim>,
+        /// Partial results handed to the next step (split attention): this many
+        /// accumulator values written here, or read here from the step before.
+        partials: Option<Partials>,
     },
     Gemm(Gemm),
+}
+
+/// A buffer of partial results one step writes and the next reads (both get it after
+/// their scratch, if any).
+#[derive(Clone, Debug)]
+pub enum Partials {
+    Write(Dim),
+    Read,
 }
 
 /// Where a step writes.
@@ -392,8 +403,13 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             continue;
         }
         let dest = dest_of(id, &mut written_outputs);
-        if let Op::Scatter { .. } = n.op {
-            for kind in gen.scatter_steps(id)? {
+        let several = match n.op {
+            Op::Scatter { .. } => Some(gen.scatter_steps(id)?),
+            Op::Attention { .. } => gen.split_attention_steps(id)?,
+            _ => None,
+        };
+        if let Some(kinds) = several {
+            for kind in kinds {
                 steps.push(Step {
                     node: id,
                     dest,

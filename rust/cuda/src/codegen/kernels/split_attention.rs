@@ -1,0 +1,183 @@
+//! Attention for one query row per head (a decode step with a KV cache), split over the
+//! keys ("flash decoding"): one block per query row gives a GPU only as many blocks as
+//! heads, so the keys are cut into chunks of `CHUNK`, each chunk's block writes its partial
+//! result (its score maximum, the sum of its exponentials and the unnormalized weighted
+//! values), and a second kernel combines a row's chunks rescaled to the row's maximum.
+//! The chunk count follows the keys' length at run time (`meta`), so one program serves a
+//! growing cache.
+
+use ember_core::dim::{numel, Dim, DimOp};
+use ember_core::dtype::Kind;
+use ember_core::ir::Op;
+
+use super::super::types::{accumulate_type, store};
+use super::{err, inf, weighted_values, Body, CodegenError, Generator, Partials, Score, StepKind};
+use crate::codegen::Launch;
+
+/// Keys per block (and the shared score buffer's length).
+const CHUNK: i64 = 128;
+
+impl Generator<'_> {
+    /// The two steps of split attention for `id`, or `None` where one block per query row
+    /// is the better kernel (more than one query row per head: prefill).
+    pub fn split_attention_steps(
+        &mut self,
+        id: usize,
+    ) -> Result<Option<Vec<StepKind>>, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let Op::Attention {
+            scale,
+            causal,
+            has_mask,
+        } = n.op
+        else {
+            return Ok(None);
+        };
+        let qs = g.nodes[n.inputs[0]].ty.shape.clone();
+        let r = qs.len();
+        if r < 2 || qs[r - 2].as_const() != Some(1) {
+            return Ok(None);
+        }
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("attention of {dtype}")));
+        }
+        let acc = accumulate_type(dtype);
+        let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+        let mask = has_mask.then(|| n.inputs[3]);
+        let ks = g.nodes[k].ty.shape.clone();
+        let vs = g.nodes[v].ty.shape.clone();
+        let rows = numel(&qs[..r - 1]);
+        let s_dim = ks[r - 2].clone();
+        let chunks = Dim::binary(
+            DimOp::FloorDiv,
+            Dim::binary(DimOp::Add, s_dim.clone(), Dim::Const(CHUNK - 1)),
+            Dim::Const(CHUNK),
+        );
+        // Per (row, chunk): maximum, sum, then EV weighted values.
+        let record = Dim::binary(DimOp::Add, vs[r - 1].clone(), Dim::Const(2));
+        let part_elems = Dim::binary(
+            DimOp::Mul,
+            Dim::binary(DimOp::Mul, rows.clone(), chunks.clone()),
+            record,
+        );
+
+        // Step 1: one block per (row, chunk).
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!("__shared__ {acc} ssc[{CHUNK}];"));
+        e.line(format!(
+            "const i64 rows = {};",
+            e.dims.product(&qs[..r - 1])
+        ));
+        e.line(format!("const i64 S = {};", e.dim(&s_dim)));
+        e.line(format!("const i64 E = {};", e.dim(&qs[r - 1])));
+        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
+        e.open("for (i64 b = blockIdx.x; b < rows * NC; b += gridDim.x)");
+        e.line(format!(
+            "const i64 row = b / NC, j0 = (b % NC) * {CHUNK}, nk = S - j0 < {CHUNK} ? S - j0 : {CHUNK};"
+        ));
+        let ridx = e.unravel("row", &qs[..r - 1]);
+        let (bidx, l) = (ridx[..r - 2].to_vec(), ridx[r - 2].clone());
+        let at = |last2: [&str; 2]| {
+            let mut i = bidx.clone();
+            i.extend(last2.iter().map(|s| s.to_string()));
+            i
+        };
+        let score = Score {
+            q,
+            k,
+            mask,
+            scale,
+            causal,
+            acc,
+        };
+        e.line(format!("{acc} mx = -{};", inf(acc)));
+        e.open("for (i64 jj = threadIdx.x; jj < nk; jj += blockDim.x)");
+        e.line("const i64 j = j0 + jj;");
+        score.emit(g, &mut e, &at, &l)?;
+        e.line("ssc[jj] = s;");
+        e.line("mx = s > mx ? s : mx;");
+        e.close();
+        e.line("mx = ember_block_reduce(mx, smem, EmberIMax());");
+        e.line(format!("{acc} sum = 0;"));
+        e.open("for (i64 jj = threadIdx.x; jj < nk; jj += blockDim.x)");
+        // A chunk whose every key is masked contributes nothing (its maximum stays -inf).
+        e.line(format!(
+            "const {acc} p = mx == -{} ? ({acc})0 : ember_exp(ssc[jj] - mx); ssc[jj] = p; sum += p;",
+            inf(acc)
+        ));
+        e.close();
+        e.line("sum = ember_block_reduce(sum, smem, EmberSum());");
+        e.line(format!("{acc}* pr = part + b * (EV + 2);"));
+        e.line("if (threadIdx.x == 0) { pr[0] = mx; pr[1] = sum; }");
+        weighted_values(&mut e, v, &at, acc, ("ssc", "j0", "nk"), "o", &|o| {
+            format!("pr[2 + c] = {o};")
+        })?;
+        e.line("__syncthreads();");
+        e.close();
+        let partial = Body {
+            partials: Some((acc, Partials::Write(part_elems))),
+            ..Body::of(e, true)
+        };
+        let first = self.add(
+            id,
+            partial,
+            Launch::Rows {
+                rows: Dim::binary(DimOp::Mul, rows.clone(), chunks),
+                width: Dim::Const(CHUNK),
+            },
+        );
+
+        // Step 2: one block per row combines its chunks.
+        let mut e = self.emitter(None);
+        e.line(format!(
+            "const i64 rows = {};",
+            e.dims.product(&qs[..r - 1])
+        ));
+        e.line(format!("const i64 S = {};", e.dim(&s_dim)));
+        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
+        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
+        e.line(format!("const {acc}* pr = part + row * NC * (EV + 2);"));
+        e.line(format!("{acc} M = -{};", inf(acc)));
+        e.line("for (i64 t = 0; t < NC; ++t) M = pr[t * (EV + 2)] > M ? pr[t * (EV + 2)] : M;");
+        e.line(format!("{acc} L = 0;"));
+        e.open("for (i64 t = 0; t < NC; ++t)");
+        e.line(format!("const {acc} m = pr[t * (EV + 2)];"));
+        e.line(format!(
+            "if (m != -{}) L += pr[t * (EV + 2) + 1] * ember_exp(m - M);",
+            inf(acc)
+        ));
+        e.close();
+        e.open("for (i64 c = threadIdx.x; c < EV; c += blockDim.x)");
+        e.line(format!("{acc} o = 0;"));
+        e.open("for (i64 t = 0; t < NC; ++t)");
+        e.line(format!("const {acc} m = pr[t * (EV + 2)];"));
+        e.line(format!(
+            "if (m != -{}) o += pr[t * (EV + 2) + 2 + c] * ember_exp(m - M);",
+            inf(acc)
+        ));
+        e.close();
+        // Every key masked (M = -inf): zeros, as torch's SDPA.
+        e.line(format!("o = M == -{} ? ({acc})0 : o / L;", inf(acc)));
+        e.line(format!("out[row * EV + c] = {};", store(dtype, "o")));
+        e.close();
+        e.close();
+        let combine = Body {
+            partials: Some((acc, Partials::Read)),
+            ..Body::of(e, false)
+        };
+        let second = self.add(
+            id,
+            combine,
+            Launch::Rows {
+                rows,
+                width: vs[r - 1].clone(),
+            },
+        );
+        Ok(Some(vec![first, second]))
+    }
+}
