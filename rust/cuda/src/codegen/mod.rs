@@ -356,7 +356,11 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         }
         let add = *consumers[d].iter().next().expect("one consumer");
         let an = &g.nodes[add];
-        if an.op != Op::Binary(ember_core::ir::BinaryOp::Add) || an.ty.dtype != g.nodes[d].ty.dtype
+        let dtype = g.nodes[d].ty.dtype;
+        // cuBLASLt's bias epilogue serves f32/f16/bf16 products (not f64 ones).
+        if an.op != Op::Binary(ember_core::ir::BinaryOp::Add)
+            || an.ty.dtype != dtype
+            || dtype == DType::F64
         {
             continue;
         }
