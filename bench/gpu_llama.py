@@ -100,6 +100,23 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:240] if str(e) else ''}"
 
 
+def _measure(
+    row: dict[str, Any], label: str, call: Callable[[], Any], want: torch.Tensor, timer: Timer
+) -> bool:
+    """Records `label`'s error against `want` (the first output's, in f32) and its median
+    time in `row`; a failing runner is recorded as an error, not raised."""
+    try:
+        got = call()
+        got = (got[0] if isinstance(got, tuple | list) else got).float()
+        row[f"{label}_max_abs_err"] = float((got - want).abs().max())
+        row[label] = timer.median_ms(call)
+        return True
+    except Exception as e:
+        row[label] = None
+        row[f"{label}_error"] = _error(e)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -170,14 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             want = step32(token, *[c.float() for c in cache])[0]
             row: dict[str, Any] = {"length": length}
             for label, fn in decode_fns.items():
-                try:
-                    got = fn(token, *cache)[0].float()
-                    row[f"{label}_max_abs_err"] = float((got - want).abs().max())
-                    row[label] = timer.median_ms(lambda fn=fn, t=token, c=cache: fn(t, *c))
+                call = lambda fn=fn, t=token, c=cache: fn(t, *c)  # noqa: E731
+                if _measure(row, label, call, want, timer):
                     row[f"{label}_of_floor"] = floor_ms / row[label]
-                except Exception as e:  # a failing runner is reported, not fatal
-                    row[label] = None
-                    row[f"{label}_error"] = _error(e)
             result["decode"].append(row)
             save()
             cells = [
@@ -197,15 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             want = model32(ids)
             for label in runners:
-                try:
-                    fn = _compiled(model, label, device)
-                    got = fn(ids).float()
-                    row[f"{label}_max_abs_err"] = float((got - want).abs().max())
-                    row[label] = timer.median_ms(lambda fn=fn: fn(ids))
+                fn = _compiled(model, label, device)
+                if _measure(row, label, lambda fn=fn: fn(ids), want, timer):
                     row[f"{label}_tokens_per_s"] = args.prompt / (row[label] * 1e-3)
-                except Exception as e:
-                    row[label] = None
-                    row[f"{label}_error"] = _error(e)
                 torch._dynamo.reset()
         result["prefill"].append(row)
         save()

@@ -22,6 +22,14 @@ use crate::graph::GpuGraph;
 /// cuBLASLt's scratch space (its heuristics pick faster algorithms with some).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// Pointers to each kernel argument value, as `cuLaunchKernel` and kernel graph nodes want
+/// them (the driver only reads through them, and copies the values).
+pub(crate) fn param_pointers(args: &[u64]) -> Vec<*mut c_void> {
+    args.iter()
+        .map(|v| v as *const u64 as *mut c_void)
+        .collect()
+}
+
 pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA {what} failed: {e:?}"))
 }
@@ -397,11 +405,7 @@ impl Device for CudaDevice {
     }
 
     fn launch(&self, kernel: usize, grid: u32, block: u32, args: &[u64]) -> Result<()> {
-        let mut values = args.to_vec();
-        let mut params: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
+        let mut params = param_pointers(args);
         // SAFETY: every kernel parameter is a 64-bit pointer, passed in signature order.
         unsafe {
             drv::launch_kernel(

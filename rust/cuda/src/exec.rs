@@ -9,7 +9,7 @@
 //! the sizes of library products (cuBLASLt does not read `meta`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ember_core::backend::{Executable, Weights};
 use ember_core::dim::SymbolBindings;
@@ -132,11 +132,12 @@ pub struct RunStats {
     pub record_failures: u64,
 }
 
-/// The resolved dims of one input signature, and an exact layout for them.
+/// The resolved dims of one input signature, and (for runs step by step, planned on
+/// first use) an exact layout for them.
 struct Plan {
     env: SymbolBindings,
     shapes: Vec<Vec<usize>>,
-    exact: Layout,
+    exact: OnceLock<Layout>,
 }
 
 struct Recorded<R> {
@@ -274,11 +275,10 @@ impl<D: Device> Program<D> {
             return Ok(p.clone());
         }
         let resolved = resolve(&self.kp.graph, input_shapes)?;
-        let exact = layout::plan(&self.kp, &self.limits(), &[&resolved.env], None)?;
         let plan = Arc::new(Plan {
             env: resolved.env,
             shapes: resolved.shapes,
-            exact,
+            exact: OnceLock::new(),
         });
         if plans.len() >= MAX_PLANS {
             plans.clear();
@@ -433,16 +433,16 @@ impl<D: Device> Program<D> {
         if state.records {
             self.run_recorded(state, &plan, &meta_bytes, meta_addr, inputs, outputs)?;
         } else {
-            let base = reuse(
-                &self.device,
-                &mut state.arena,
-                plan.exact.arena_bytes.max(ALIGN),
-            )?;
-            self.device.upload_async(meta_addr, &meta_bytes)?;
-            for w in self.work(&plan.exact, &plan.env, meta_addr, base, inputs, outputs)? {
-                w.run(&self.device)?;
-            }
-            state.stats.direct += 1;
+            let exact = match plan.exact.get() {
+                Some(l) => l,
+                None => {
+                    let l = layout::plan(&self.kp, &self.limits(), &[&plan.env], None)?;
+                    plan.exact.get_or_init(|| l)
+                }
+            };
+            let base = reuse(&self.device, &mut state.arena, exact.arena_bytes.max(ALIGN))?;
+            let work = self.work(exact, &plan.env, meta_addr, base, inputs, outputs)?;
+            self.run_steps(state, &work, meta_addr, &meta_bytes)?;
         }
         if self.checks_indices {
             self.check_flag(meta_addr)?;
@@ -530,12 +530,7 @@ impl<D: Device> Program<D> {
                         state.stats.record_failures += 1;
                     }
                     state.records = false;
-                    self.device.upload_async(meta_addr, meta_bytes)?;
-                    for w in &work {
-                        w.run(&self.device)?;
-                    }
-                    state.stats.direct += 1;
-                    return Ok(());
+                    return self.run_steps(state, &work, meta_addr, meta_bytes);
                 }
             }
         }
@@ -548,6 +543,22 @@ impl<D: Device> Program<D> {
             state.buckets.clear();
         }
         state.buckets.insert(key, bucket);
+        Ok(())
+    }
+
+    /// `meta`, then every item of `work` launched in order (no recording).
+    fn run_steps(
+        &self,
+        state: &mut RunState<D::Recording>,
+        work: &[Work],
+        meta_addr: u64,
+        meta_bytes: &[u8],
+    ) -> Result<()> {
+        self.device.upload_async(meta_addr, meta_bytes)?;
+        for w in work {
+            w.run(&self.device)?;
+        }
+        state.stats.direct += 1;
         Ok(())
     }
 

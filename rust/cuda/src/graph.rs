@@ -3,13 +3,12 @@
 //! cannot be named from outside), chained in order. The executor patches changed addresses
 //! and product sizes into the instantiated graph node by node (`exec.rs`).
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{result as drv, sys};
 use ember_core::Result;
 
-use crate::device::{driver_err, CudaDevice, Gpu};
+use crate::device::{driver_err, param_pointers, CudaDevice, Gpu};
 use crate::exec::{GemmCall, Work};
 
 /// A program's work as an instantiated CUDA graph: a chain of kernel nodes and cuBLASLt
@@ -26,16 +25,16 @@ pub struct GpuGraph {
 // the executor uses a recording from one run at a time.
 unsafe impl Send for GpuGraph {}
 
-/// Kernel node parameters; `values` must outlive the call they are passed to (the driver
-/// copies them).
-fn kernel_node(
-    func: sys::CUfunction,
-    grid: u32,
-    block: u32,
-    values: &mut [*mut c_void],
-) -> sys::CUDA_KERNEL_NODE_PARAMS {
-    sys::CUDA_KERNEL_NODE_PARAMS {
-        func,
+/// Calls `f` with the kernel node parameters of a launch (valid during the call; the
+/// driver copies them).
+fn with_kernel_node<R>(
+    dev: &CudaDevice,
+    (kernel, grid, block, args): (usize, u32, u32, &[u64]),
+    f: impl FnOnce(&sys::CUDA_KERNEL_NODE_PARAMS) -> R,
+) -> R {
+    let mut values = param_pointers(args);
+    f(&sys::CUDA_KERNEL_NODE_PARAMS {
+        func: dev.functions[kernel],
         gridDimX: grid,
         gridDimY: 1,
         gridDimZ: 1,
@@ -47,15 +46,7 @@ fn kernel_node(
         extra: std::ptr::null_mut(),
         kern: std::ptr::null_mut(),
         ctx: std::ptr::null_mut(),
-    }
-}
-
-/// Pointers to each argument value, as `kernelParams` wants them.
-fn param_pointers(values: &mut [u64]) -> Vec<*mut c_void> {
-    values
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut c_void)
-        .collect()
+    })
 }
 
 impl GpuGraph {
@@ -81,21 +72,19 @@ impl GpuGraph {
                     block,
                     args,
                 } => {
-                    let mut values = args.clone();
-                    let mut ptrs = param_pointers(&mut values);
-                    let params = kernel_node(dev.functions[*kernel], *grid, *block, &mut ptrs);
+                    let launch = (*kernel, *grid, *block, args.as_slice());
                     // SAFETY: a kernel of the loaded module with its parameters in
                     // signature order (all 64-bit), copied by the driver.
-                    unsafe {
+                    with_kernel_node(dev, launch, |params| unsafe {
                         sys::cuGraphAddKernelNode_v2(
                             &mut node,
                             me.graph,
                             deps.as_ptr(),
                             deps.len(),
-                            &params,
+                            params,
                         )
                         .result()
-                    }
+                    })
                     .map_err(|e| driver_err("graph kernel node", e))?;
                 }
                 Work::Gemm(call) => {
@@ -147,13 +136,11 @@ impl GpuGraph {
                 block,
                 args,
             } => {
-                let mut values = args.clone();
-                let mut ptrs = param_pointers(&mut values);
-                let params = kernel_node(dev.functions[*kernel], *grid, *block, &mut ptrs);
+                let launch = (*kernel, *grid, *block, args.as_slice());
                 // SAFETY: `node` is a kernel node of this graph; parameters as in `new`.
-                let r = unsafe {
-                    sys::cuGraphExecKernelNodeSetParams_v2(self.exec, node, &params).result()
-                };
+                let r = with_kernel_node(dev, launch, |params| unsafe {
+                    sys::cuGraphExecKernelNodeSetParams_v2(self.exec, node, params).result()
+                });
                 Ok(r.is_ok())
             }
             Work::Gemm(call) => {

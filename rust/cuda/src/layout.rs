@@ -127,13 +127,20 @@ fn partial_bytes(kp: &KernelProgram, s: usize, env: &SymbolBindings) -> Result<u
     Ok(elems.eval(env)?.max(0) as usize * scratch_elem(kp, step.node))
 }
 
-fn is_cooperative(kp: &KernelProgram, kind: &StepKind) -> Option<(bool, bool)> {
+/// A kernel step's launch and whether it is cooperative and has per-block scratch (what
+/// its geometry depends on); `None` for library calls.
+fn kernel_launch<'k>(kp: &KernelProgram, kind: &'k StepKind) -> Option<(&'k Launch, bool, bool)> {
     match kind {
         StepKind::Kernel {
             kernel,
+            launch,
             scratch_per_block,
             ..
-        } => Some((kp.kernels[*kernel].cooperative, scratch_per_block.is_some())),
+        } => Some((
+            launch,
+            kp.kernels[*kernel].cooperative,
+            scratch_per_block.is_some(),
+        )),
         StepKind::Gemm(_) => None,
     }
 }
@@ -150,12 +157,9 @@ pub fn plan(
     // a larger launch correct for a smaller size).
     let mut geometry = Vec::with_capacity(kp.steps.len());
     for (s, step) in kp.steps.iter().enumerate() {
-        let Some((coop, scratch)) = is_cooperative(kp, &step.kind) else {
+        let Some((launch, coop, scratch)) = kernel_launch(kp, &step.kind) else {
             geometry.push(None);
             continue;
-        };
-        let StepKind::Kernel { launch, .. } = &step.kind else {
-            unreachable!("is_cooperative answers only for kernels")
         };
         let mut best = floor.and_then(|f| f.geometry[s]).unwrap_or(Geometry {
             blocks: 0,
@@ -227,21 +231,15 @@ pub fn plan(
             }
             _ => {}
         }
-        if let Some(Geometry { blocks, .. }) = geometry[s] {
+        if let (Some(Geometry { blocks, .. }), Some((_, _, true))) =
+            (geometry[s], kernel_launch(kp, &step.kind))
+        {
             let mut need = floor.and_then(|f| f.scratch.get(&s)).map_or(0, |&(_, b)| b);
             for env in envs {
                 need = need.max(scratch_bytes(kp, s, blocks, env)?);
             }
-            if matches!(
-                step.kind,
-                StepKind::Kernel {
-                    scratch_per_block: Some(_),
-                    ..
-                }
-            ) {
-                let size = round_up(need.max(1));
-                scratch.insert(s, (place(size, s, s, &mut live), size));
-            }
+            let size = round_up(need.max(1));
+            scratch.insert(s, (place(size, s, s, &mut live), size));
         }
         // A node written by several steps (scatter: copy, then updates) is placed once.
         let unplaced = match step.dest {
@@ -280,11 +278,11 @@ impl Layout {
                 }
             }
             for (s, step) in kp.steps.iter().enumerate() {
-                let (Some(have), StepKind::Kernel { launch, .. }) = (self.geometry[s], &step.kind)
+                let (Some(have), Some((launch, coop, scratch))) =
+                    (self.geometry[s], kernel_launch(kp, &step.kind))
                 else {
                     continue;
                 };
-                let (coop, scratch) = is_cooperative(kp, &step.kind).unwrap_or((false, false));
                 let want = geometry(launch, env, limits(coop), scratch)?;
                 if have.blocks == 0 && want.blocks > 0 {
                     return Ok(false);

@@ -107,6 +107,98 @@ impl Score {
     }
 }
 
+/// An attention node's operands and shapes, shared by its kernels.
+struct AttentionParts {
+    score: Score,
+    v: usize,
+    qs: Vec<Dim>,
+    s_dim: Dim,
+    ev_dim: Dim,
+    dtype: DType,
+}
+
+impl AttentionParts {
+    fn of(g: &Graph, id: usize) -> Result<AttentionParts, CodegenError> {
+        let n = &g.nodes[id];
+        let Op::Attention {
+            scale,
+            causal,
+            has_mask,
+        } = n.op
+        else {
+            return Err(err(g, id, "not an attention node"));
+        };
+        let dtype = n.ty.dtype;
+        if dtype.kind() != Kind::Float {
+            return Err(err(g, id, format!("attention of {dtype}")));
+        }
+        let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
+        let qs = g.nodes[q].ty.shape.clone();
+        let (ks, vs) = (&g.nodes[k].ty.shape, &g.nodes[v].ty.shape);
+        let r = qs.len();
+        Ok(AttentionParts {
+            score: Score {
+                q,
+                k,
+                mask: has_mask.then(|| n.inputs[3]),
+                scale,
+                causal,
+                acc: accumulate_type(dtype),
+            },
+            v,
+            s_dim: ks[r - 2].clone(),
+            ev_dim: vs[r - 1].clone(),
+            qs,
+            dtype,
+        })
+    }
+
+    /// The query rows (all dims but the head dim).
+    fn row_dims(&self) -> &[Dim] {
+        &self.qs[..self.qs.len() - 1]
+    }
+
+    /// Declares `rows`, `S` (keys), `E` (head dim) and `EV` (value columns).
+    fn declare_dims(&self, e: &mut Emitter<'_>) {
+        e.line(format!(
+            "const i64 rows = {};",
+            e.dims.product(self.row_dims())
+        ));
+        e.line(format!("const i64 S = {};", e.dim(&self.s_dim)));
+        e.line(format!(
+            "const i64 E = {};",
+            e.dim(&self.qs[self.qs.len() - 1])
+        ));
+        e.line(format!("const i64 EV = {};", e.dim(&self.ev_dim)));
+    }
+
+    /// The batch indices of query row `row` (a variable of the emitted code) and its
+    /// position among the queries.
+    fn row_index(&self, e: &mut Emitter<'_>) -> RowIndex {
+        let ridx = e.unravel("row", self.row_dims());
+        let r = ridx.len();
+        RowIndex {
+            batch: ridx[..r - 1].to_vec(),
+            query: ridx[r - 1].clone(),
+        }
+    }
+}
+
+/// Where one query row of attention is: its batch indices and its query position.
+struct RowIndex {
+    batch: Vec<String>,
+    query: String,
+}
+
+impl RowIndex {
+    /// The index of `[batch.., last2[0], last2[1]]` in a q/k/v/mask operand.
+    fn at(&self, last2: [&str; 2]) -> Vec<String> {
+        let mut i = self.batch.clone();
+        i.extend(last2.iter().map(|s| s.to_string()));
+        i
+    }
+}
+
 impl<'a> Generator<'a> {
     pub fn new(g: &'a Graph, in_memory: &'a [bool], symbols: &'a [std::sync::Arc<str>]) -> Self {
         Generator {
@@ -207,11 +299,7 @@ impl<'a> Generator<'a> {
             Op::Cumsum { axis } => self.cumsum(id, *axis),
             Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
             Op::GroupedDot => self.grouped_dot(id),
-            Op::Attention {
-                scale,
-                causal,
-                has_mask,
-            } => self.attention(id, *scale, *causal, *has_mask),
+            Op::Attention { .. } => self.attention(id),
             Op::Conv {
                 stride,
                 padding,
@@ -628,55 +716,20 @@ impl<'a> Generator<'a> {
     }
 
     /// One block per query row: scores into scratch, softmax, then the weighted sum of values.
-    fn attention(
-        &mut self,
-        id: usize,
-        scale: f64,
-        causal: bool,
-        has_mask: bool,
-    ) -> Result<StepKind, CodegenError> {
+    fn attention(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
-        let n = &g.nodes[id];
-        let dtype = n.ty.dtype;
-        if dtype.kind() != Kind::Float {
-            return Err(err(g, id, format!("attention of {dtype}")));
-        }
-        let acc = accumulate_type(dtype);
-        let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
-        let mask = has_mask.then(|| n.inputs[3]);
-        let qs = g.nodes[q].ty.shape.clone();
-        let ks = g.nodes[k].ty.shape.clone();
-        let vs = g.nodes[v].ty.shape.clone();
-        let r = qs.len();
+        let p = AttentionParts::of(g, id)?;
+        let acc = p.score.acc;
         let mut e = self.emitter(None);
         e.line(format!("__shared__ {acc} smem[1024];"));
-        e.line(format!(
-            "const i64 rows = {};",
-            e.dims.product(&qs[..r - 1])
-        ));
-        e.line(format!("const i64 S = {};", e.dim(&ks[r - 2])));
-        e.line(format!("const i64 E = {};", e.dim(&qs[r - 1])));
-        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        p.declare_dims(&mut e);
         e.line(format!("{acc}* sc = scratch + (i64)blockIdx.x * S;"));
         e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
-        let ridx = e.unravel("row", &qs[..r - 1]);
-        let (bidx, l) = (ridx[..r - 2].to_vec(), ridx[r - 2].clone());
-        let at = |last2: [&str; 2]| {
-            let mut i = bidx.clone();
-            i.extend(last2.iter().map(|s| s.to_string()));
-            i
-        };
+        let ri = p.row_index(&mut e);
+        let at = |last2: [&str; 2]| ri.at(last2);
         e.line(format!("{acc} mx = -{};", inf(acc)));
         e.open("for (i64 j = threadIdx.x; j < S; j += blockDim.x)");
-        let score = Score {
-            q,
-            k,
-            mask,
-            scale,
-            causal,
-            acc,
-        };
-        score.emit(g, &mut e, &at, &l)?;
+        p.score.emit(g, &mut e, &at, &ri.query)?;
         e.line("sc[j] = s;");
         e.line("mx = s > mx ? s : mx;");
         e.close();
@@ -691,7 +744,8 @@ impl<'a> Generator<'a> {
         e.line("sum = ember_block_reduce(sum, smem, EmberSum());");
         // Every score masked (mx = -inf, p = NaN): zeros, as torch's SDPA.
         let finish = format!("mx == -{} ? ({acc})0 : o / sum", inf(acc));
-        weighted_values(&mut e, v, &at, acc, ("sc", "0", "S"), &finish, &|o| {
+        let dtype = p.dtype;
+        weighted_values(&mut e, p.v, &at, acc, ("sc", "0", "S"), &finish, &|o| {
             format!("out[row * EV + c] = {};", store(dtype, o))
         })?;
         e.line("__syncthreads();");
@@ -707,8 +761,8 @@ impl<'a> Generator<'a> {
             id,
             body,
             Launch::Rows {
-                rows: numel(&qs[..r - 1]),
-                width: ks[r - 2].clone(),
+                rows: numel(p.row_dims()),
+                width: p.s_dim.clone(),
             },
         ))
     }

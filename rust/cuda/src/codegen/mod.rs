@@ -351,10 +351,12 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     // adds it as it writes (the dot and the add then need no memory of their own).
     let mut bias_of: HashMap<usize, (usize, usize)> = HashMap::new(); // add → (dot, bias)
     for &d in gemm_operands.keys() {
-        if is_output[d] || consumers[d].len() != 1 {
+        let (Some(&add), 1) = (consumers[d].first(), consumers[d].len()) else {
+            continue;
+        };
+        if is_output[d] {
             continue;
         }
-        let add = *consumers[d].iter().next().expect("one consumer");
         let an = &g.nodes[add];
         let dtype = g.nodes[d].ty.dtype;
         // cuBLASLt's bias epilogue serves f32/f16/bf16 products (not f64 ones).

@@ -7,11 +7,12 @@
 //! growing cache.
 
 use ember_core::dim::{numel, Dim, DimOp};
-use ember_core::dtype::Kind;
 use ember_core::ir::Op;
 
-use super::super::types::{accumulate_type, store};
-use super::{err, inf, weighted_values, Body, CodegenError, Generator, Partials, Score, StepKind};
+use super::super::types::store;
+use super::{
+    inf, weighted_values, AttentionParts, Body, CodegenError, Generator, Partials, StepKind,
+};
 use crate::codegen::Launch;
 
 /// Keys per block (and the shared score buffer's length).
@@ -25,38 +26,23 @@ impl Generator<'_> {
         id: usize,
     ) -> Result<Option<Vec<StepKind>>, CodegenError> {
         let g = self.g;
-        let n = &g.nodes[id];
-        let Op::Attention {
-            scale,
-            causal,
-            has_mask,
-        } = n.op
-        else {
-            return Ok(None);
-        };
-        let qs = g.nodes[n.inputs[0]].ty.shape.clone();
-        let r = qs.len();
-        if r < 2 || qs[r - 2].as_const() != Some(1) {
+        let qs = &g.nodes[g.nodes[id].inputs[0]].ty.shape;
+        if !matches!(g.nodes[id].op, Op::Attention { .. })
+            || qs.len() < 2
+            || qs[qs.len() - 2].as_const() != Some(1)
+        {
             return Ok(None);
         }
-        let dtype = n.ty.dtype;
-        if dtype.kind() != Kind::Float {
-            return Err(err(g, id, format!("attention of {dtype}")));
-        }
-        let acc = accumulate_type(dtype);
-        let (q, k, v) = (n.inputs[0], n.inputs[1], n.inputs[2]);
-        let mask = has_mask.then(|| n.inputs[3]);
-        let ks = g.nodes[k].ty.shape.clone();
-        let vs = g.nodes[v].ty.shape.clone();
-        let rows = numel(&qs[..r - 1]);
-        let s_dim = ks[r - 2].clone();
+        let p = AttentionParts::of(g, id)?;
+        let acc = p.score.acc;
+        let rows = numel(p.row_dims());
         let chunks = Dim::binary(
             DimOp::FloorDiv,
-            Dim::binary(DimOp::Add, s_dim.clone(), Dim::Const(CHUNK - 1)),
+            Dim::binary(DimOp::Add, p.s_dim.clone(), Dim::Const(CHUNK - 1)),
             Dim::Const(CHUNK),
         );
         // Per (row, chunk): maximum, sum, then EV weighted values.
-        let record = Dim::binary(DimOp::Add, vs[r - 1].clone(), Dim::Const(2));
+        let record = Dim::binary(DimOp::Add, p.ev_dim.clone(), Dim::Const(2));
         let part_elems = Dim::binary(
             DimOp::Mul,
             Dim::binary(DimOp::Mul, rows.clone(), chunks.clone()),
@@ -67,37 +53,18 @@ impl Generator<'_> {
         let mut e = self.emitter(None);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("__shared__ {acc} ssc[{CHUNK}];"));
-        e.line(format!(
-            "const i64 rows = {};",
-            e.dims.product(&qs[..r - 1])
-        ));
-        e.line(format!("const i64 S = {};", e.dim(&s_dim)));
-        e.line(format!("const i64 E = {};", e.dim(&qs[r - 1])));
-        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        p.declare_dims(&mut e);
         e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
         e.open("for (i64 b = blockIdx.x; b < rows * NC; b += gridDim.x)");
         e.line(format!(
             "const i64 row = b / NC, j0 = (b % NC) * {CHUNK}, nk = S - j0 < {CHUNK} ? S - j0 : {CHUNK};"
         ));
-        let ridx = e.unravel("row", &qs[..r - 1]);
-        let (bidx, l) = (ridx[..r - 2].to_vec(), ridx[r - 2].clone());
-        let at = |last2: [&str; 2]| {
-            let mut i = bidx.clone();
-            i.extend(last2.iter().map(|s| s.to_string()));
-            i
-        };
-        let score = Score {
-            q,
-            k,
-            mask,
-            scale,
-            causal,
-            acc,
-        };
+        let ri = p.row_index(&mut e);
+        let at = |last2: [&str; 2]| ri.at(last2);
         e.line(format!("{acc} mx = -{};", inf(acc)));
         e.open("for (i64 jj = threadIdx.x; jj < nk; jj += blockDim.x)");
         e.line("const i64 j = j0 + jj;");
-        score.emit(g, &mut e, &at, &l)?;
+        p.score.emit(g, &mut e, &at, &ri.query)?;
         e.line("ssc[jj] = s;");
         e.line("mx = s > mx ? s : mx;");
         e.close();
@@ -113,7 +80,7 @@ impl Generator<'_> {
         e.line("sum = ember_block_reduce(sum, smem, EmberSum());");
         e.line(format!("{acc}* pr = part + b * (EV + 2);"));
         e.line("if (threadIdx.x == 0) { pr[0] = mx; pr[1] = sum; }");
-        weighted_values(&mut e, v, &at, acc, ("ssc", "j0", "nk"), "o", &|o| {
+        weighted_values(&mut e, p.v, &at, acc, ("ssc", "j0", "nk"), "o", &|o| {
             format!("pr[2 + c] = {o};")
         })?;
         e.line("__syncthreads();");
@@ -133,12 +100,7 @@ impl Generator<'_> {
 
         // Step 2: one block per row combines its chunks.
         let mut e = self.emitter(None);
-        e.line(format!(
-            "const i64 rows = {};",
-            e.dims.product(&qs[..r - 1])
-        ));
-        e.line(format!("const i64 S = {};", e.dim(&s_dim)));
-        e.line(format!("const i64 EV = {};", e.dim(&vs[r - 1])));
+        p.declare_dims(&mut e);
         e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
         e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
         e.line(format!("const {acc}* pr = part + row * NC * (EV + 2);"));
@@ -163,7 +125,7 @@ impl Generator<'_> {
         e.close();
         // Every key masked (M = -inf): zeros, as torch's SDPA.
         e.line(format!("o = M == -{} ? ({acc})0 : o / L;", inf(acc)));
-        e.line(format!("out[row * EV + c] = {};", store(dtype, "o")));
+        e.line(format!("out[row * EV + c] = {};", store(p.dtype, "o")));
         e.close();
         e.close();
         let combine = Body {
@@ -175,7 +137,7 @@ impl Generator<'_> {
             combine,
             Launch::Rows {
                 rows,
-                width: vs[r - 1].clone(),
+                width: p.ev_dim.clone(),
             },
         );
         Ok(Some(vec![first, second]))
