@@ -39,6 +39,9 @@ class SearchReport:
     time_s: float
     # Whether torch.export was skipped: the program came from the export cache.
     export_cache_hit: bool = False
+    # What timed the candidates: "device" (the device's own clock, e.g. CUDA events, on the
+    # launch path production runs take), "host" (the host clock), "" (nothing was timed).
+    clock: str = ""
 
     @classmethod
     def from_core(cls, d: dict[str, Any], export_cache_hit: bool = False) -> SearchReport:
@@ -63,6 +66,8 @@ class SearchReport:
             lines.append("choice taken from the compile cache")
         if self.note:
             lines.append(f"note: {self.note}")
+        if self.clock:
+            lines.append(f"timed by the {self.clock} clock")
         lines.append(f"{'':2}{'#':>3}  {'time':>10}  {'verified':>8}  candidate")
         for i, c in enumerate(self.candidates):
             mark = "->" if i == self.chosen else ""

@@ -81,6 +81,7 @@ def test_report_fields_and_table(tmp_path):
     assert 0 <= r.chosen < len(r.candidates)
     table = str(r)
     assert "verified" in table and "default" in table and "->" in table
+    assert r.clock == "host" and "timed by the host clock" in table
     assert ember.last_report() is r
     pytest.importorskip("matplotlib")
     png = tmp_path / "candidates.png"

@@ -42,6 +42,21 @@ def test_cuda_tensors_select_the_cuda_backend_and_stay_on_the_gpu():
         compiled(x.cpu())
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
+def test_the_search_on_a_gpu_times_candidates_with_cuda_events():
+    # (The Rust tests run the same timer on the emulator, which Python never searches.)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8))
+    model = model.cuda().eval()
+    x = torch.randn(32, 64, device="cuda")
+    compiled = ember.compile(model, x, cache=False, quiet=True)
+    r = compiled.report()
+    assert r.clock == "device", str(r)
+    assert r.chosen is not None and all(c.verified for c in r.candidates), str(r)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(ember.cuda_available(), reason="a GPU is present")
 def test_compile_onnx_on_cuda_without_a_gpu_raises_clearly():
     pytest.importorskip("onnx")

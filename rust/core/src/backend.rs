@@ -90,9 +90,32 @@ pub trait Executable: Send + Sync {
         ))
     }
 
+    /// A timer of runs where the program really runs them, for the optimizer: `inputs`
+    /// copied to the device once, each run launched as production runs are (for CUDA: the
+    /// recorded graph, on device memory) and timed by the device's own clock (CUDA events).
+    /// `None` where runs on host memory are what production does (the optimizer then times
+    /// `run` by the host clock).
+    ///
+    /// # Safety
+    /// As for `run`: every input view must be valid for reads over its shape and strides
+    /// during this call (the timer keeps copies, not the views).
+    unsafe fn device_timer<'a>(
+        &'a self,
+        _inputs: &[TensorView],
+    ) -> Result<Option<Box<dyn DeviceTimer + 'a>>> {
+        Ok(None)
+    }
+
     /// Counters of how runs went (for the CUDA backend: runs replayed from a recorded
     /// graph, recordings made, nodes patched); empty where a backend keeps none.
     fn run_stats(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+}
+
+/// Runs one program on inputs already on its device (see `Executable::device_timer`).
+pub trait DeviceTimer {
+    /// Runs the program once; the seconds the device spent from the run's first launch
+    /// being queued to its last finishing.
+    fn run(&mut self) -> Result<f64>;
 }

@@ -3,7 +3,9 @@
 //! The e-graph's default extraction and its alternatives (changes that pay only together,
 //! then one changed choice each, then a combination of the winners) are compiled on the
 //! real backend and timed on random inputs (warm-up, repeats, median), each against the
-//! best so far timed again at the same moment. A candidate is adopted only if its outputs match the
+//! best so far timed again at the same moment. A backend with a device clock (CUDA) times
+//! runs there, on device copies of the inputs and through the launch path production runs
+//! take (the recorded CUDA graph); the others by the host clock around `run`. A candidate is adopted only if its outputs match the
 //! reference interpreter running the *input* program on the same inputs. The fastest
 //! verified candidate wins; if none verifies, the input program itself runs.
 
@@ -90,6 +92,10 @@ pub struct SearchReport {
     pub cache_hit: bool,
     /// Why the optimizer did less than a full search, if it did.
     pub note: String,
+    /// What timed the candidates: "device" (the device's own clock, e.g. CUDA events, on
+    /// the production launch path), "host" (the host clock around runs on host memory), or
+    /// empty when nothing was timed.
+    pub clock: String,
     pub time_s: f64,
 }
 
@@ -269,6 +275,14 @@ pub fn optimize(
         }
     }
 
+    if report.candidates.iter().any(|c| c.time_s.is_some()) {
+        report.clock = if bench.device_clock.get() {
+            "device"
+        } else {
+            "host"
+        }
+        .into();
+    }
     let Some((_, mut index, mut exe, mut g, mut genome)) = best else {
         return unoptimized(report, "no candidate was verified".into());
     };
@@ -462,6 +476,8 @@ struct Bench {
     out_dtypes: Vec<DType>,
     input_bytes: Vec<Vec<u8>>,
     reference: Vec<Value>,
+    /// Whether the last timing used the device's clock (see `time`).
+    device_clock: std::cell::Cell<bool>,
 }
 
 impl Bench {
@@ -488,6 +504,7 @@ impl Bench {
             out_dtypes,
             input_bytes,
             reference,
+            device_clock: Default::default(),
         })
     }
 
@@ -577,20 +594,45 @@ impl Bench {
     /// more for fast programs, until `MIN_TIMING` has passed: five runs of a sub-millisecond
     /// program last less than one burst of another process on a shared machine.
     /// `repeats` of 1 is exactly one run.
+    ///
+    /// A backend with a device clock (CUDA) times each run there, launched as production
+    /// runs are; the others are timed by the host clock around `run`.
     fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
+        // SAFETY: the views point into `input_bytes`, which outlives the call.
+        let mut timer = unsafe { exe.device_timer(&views(&self.inputs, &self.input_bytes))? };
+        self.device_clock.set(timer.is_some());
         let mut times = Vec::with_capacity(repeats);
         let start = Instant::now();
         let extend = repeats > 1;
         while times.len() < repeats.max(1)
             || (extend && start.elapsed() < MIN_TIMING && times.len() < MAX_TIMED_RUNS)
         {
-            let t = Instant::now();
-            run_once(exe, &self.inputs, &self.input_bytes, &self.out_dtypes)?;
-            times.push(t.elapsed().as_secs_f64());
+            times.push(match timer.as_mut() {
+                Some(timer) => timer.run()?,
+                None => {
+                    let t = Instant::now();
+                    run_once(exe, &self.inputs, &self.input_bytes, &self.out_dtypes)?;
+                    t.elapsed().as_secs_f64()
+                }
+            });
         }
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     }
+}
+
+/// Contiguous views of `inputs` over their bytes.
+fn views(inputs: &[Value], bytes: &[Vec<u8>]) -> Vec<TensorView> {
+    inputs
+        .iter()
+        .zip(bytes)
+        .map(|(v, b)| TensorView {
+            ptr: b.as_ptr(),
+            dtype: v.dtype,
+            strides: contiguous_strides(&v.shape),
+            shape: v.shape.clone(),
+        })
+        .collect()
 }
 
 /// Runs an executable on contiguous inputs; returns its outputs.
@@ -602,16 +644,7 @@ fn run_once(
 ) -> Result<Vec<Value>> {
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
     let out_shapes = exe.output_shapes(&shapes)?;
-    let views: Vec<TensorView> = inputs
-        .iter()
-        .zip(bytes)
-        .map(|(v, b)| TensorView {
-            ptr: b.as_ptr(),
-            dtype: v.dtype,
-            strides: contiguous_strides(&v.shape),
-            shape: v.shape.clone(),
-        })
-        .collect();
+    let views = views(inputs, bytes);
     let mut out_bufs: Vec<Vec<u8>> = out_shapes
         .iter()
         .zip(dtypes)

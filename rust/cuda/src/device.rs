@@ -449,4 +449,47 @@ impl Device for CudaDevice {
         // SAFETY: a live stream handle (torch's, or the legacy default).
         unsafe { drv::stream::synchronize(self.stream()) }.map_err(|e| driver_err("synchronize", e))
     }
+
+    type Mark = GpuEvent;
+
+    fn mark(&self, stream: u64) -> Result<GpuEvent> {
+        self.gpu.make_current()?;
+        let event = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| driver_err("event creation", e))?;
+        let event = GpuEvent {
+            event,
+            gpu: self.gpu.clone(),
+        };
+        // SAFETY: a live event of this context, recorded on a live stream.
+        unsafe { drv::event::record(event.event, stream as sys::CUstream) }
+            .map_err(|e| driver_err("event record", e))?;
+        Ok(event)
+    }
+
+    fn seconds_between(&self, start: &GpuEvent, end: &GpuEvent) -> Result<f64> {
+        self.gpu.make_current()?;
+        // SAFETY: both events were created and recorded by `mark`, and are still alive.
+        let ms = unsafe {
+            drv::event::synchronize(end.event).map_err(|e| driver_err("event wait", e))?;
+            drv::event::elapsed(start.event, end.event)
+        }
+        .map_err(|e| driver_err("event timing", e))?;
+        Ok(f64::from(ms) * 1e-3)
+    }
+}
+
+/// A CUDA event (a point in a stream's work), destroyed on drop.
+pub struct GpuEvent {
+    event: sys::CUevent,
+    gpu: Arc<Gpu>,
+}
+
+impl Drop for GpuEvent {
+    fn drop(&mut self) {
+        if self.gpu.make_current().is_ok() {
+            // SAFETY: created by `mark`, destroyed once (the driver defers the release of
+            // an event still pending).
+            let _ = unsafe { drv::event::destroy(self.event) };
+        }
+    }
 }

@@ -333,4 +333,14 @@ impl Device for EmulatedDevice {
     fn replay(&self, recording: &Vec<Work>) -> Result<()> {
         recording.iter().try_for_each(|w| w.run(self))
     }
+
+    type Mark = std::time::Instant;
+
+    fn mark(&self, _stream: u64) -> Result<std::time::Instant> {
+        Ok(std::time::Instant::now())
+    }
+
+    fn seconds_between(&self, start: &std::time::Instant, end: &std::time::Instant) -> Result<f64> {
+        Ok(end.duration_since(*start).as_secs_f64())
+    }
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ember_core::backend::{Executable, Weights};
+use ember_core::backend::{DeviceTimer, Executable, Weights};
 use ember_core::dim::SymbolBindings;
 use ember_core::ir::Op;
 use ember_core::shapes::resolve;
@@ -114,6 +114,13 @@ pub trait Device: Send + Sync {
     fn update(&self, recording: &mut Self::Recording, index: usize, work: &Work) -> Result<bool>;
     /// Runs a recording on the current stream.
     fn replay(&self, recording: &Self::Recording) -> Result<()>;
+
+    /// A point in `stream`'s work: where it is reached, the device notes the time (a CUDA
+    /// event on the GPU; the host clock in the emulator, whose work is done when queued).
+    type Mark;
+    fn mark(&self, stream: u64) -> Result<Self::Mark>;
+    /// Seconds from `start` to `end` being reached (waits for `end`).
+    fn seconds_between(&self, start: &Self::Mark, end: &Self::Mark) -> Result<f64>;
 }
 
 /// How a program's runs went, for tests and reports.
@@ -640,6 +647,13 @@ impl<D: Device> Executable for Program<D> {
         self.run_on_device(input_shapes, inputs, outputs, stream)
     }
 
+    unsafe fn device_timer<'a>(
+        &'a self,
+        inputs: &[TensorView],
+    ) -> Result<Option<Box<dyn DeviceTimer + 'a>>> {
+        Ok(Some(Box::new(ProgramTimer::new(self, inputs)?)))
+    }
+
     fn run_stats(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![
@@ -682,5 +696,78 @@ impl<D: Device> Executable for Program<D> {
             self.device.download(buf.addr(), dst)?;
         }
         Ok(())
+    }
+}
+
+/// Times runs of a program on device copies of its inputs, through `run_on_device` (the
+/// recorded path torch tensors take), by the device's clock: what the optimizer measures.
+struct ProgramTimer<'a, D: Device> {
+    program: &'a Program<D>,
+    shapes: Vec<Vec<usize>>,
+    inputs: Vec<Box<dyn DeviceBuffer>>,
+    outputs: Vec<Box<dyn DeviceBuffer>>,
+}
+
+/// The stream timed runs go to (the legacy default stream: the optimizer's programs are its
+/// own, and nothing else runs on them).
+const TIMING_STREAM: u64 = 0;
+
+impl<'a, D: Device> ProgramTimer<'a, D> {
+    fn new(program: &'a Program<D>, inputs: &[TensorView]) -> Result<Self> {
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
+        let out_shapes = program.output_shapes(&shapes)?;
+        let device = &program.device;
+        let mut bufs = Vec::new();
+        for v in inputs {
+            let bytes = contiguous_bytes(v);
+            let buf = device.alloc(bytes.len().max(1))?;
+            device.upload(buf.addr(), &bytes)?;
+            bufs.push(buf);
+        }
+        let outputs = out_shapes
+            .iter()
+            .zip(&program.kp.graph.outputs)
+            .map(|(shape, &o)| {
+                let dtype = program.kp.graph.ty(o).dtype;
+                device.alloc(bytes_of(shape, dtype).max(1))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let timer = ProgramTimer {
+            program,
+            shapes,
+            inputs: bufs,
+            outputs,
+        };
+        // Untimed: these buffers are new to the recording (patched in once), and the first
+        // run of a bucket records it.
+        timer.launch()?;
+        Ok(timer)
+    }
+
+    fn launch(&self) -> Result<()> {
+        let addrs = |b: &[Box<dyn DeviceBuffer>]| b.iter().map(|b| b.addr()).collect::<Vec<_>>();
+        self.program.run_on_device(
+            &self.shapes,
+            &addrs(&self.inputs),
+            &addrs(&self.outputs),
+            TIMING_STREAM,
+        )
+    }
+}
+
+impl<D: Device> DeviceTimer for ProgramTimer<'_, D> {
+    fn run(&mut self) -> Result<f64> {
+        let device = &self.program.device;
+        let start = device.mark(TIMING_STREAM)?;
+        self.launch()?;
+        let end = device.mark(TIMING_STREAM)?;
+        device.seconds_between(&start, &end)
+    }
+}
+
+impl<D: Device> Drop for ProgramTimer<'_, D> {
+    fn drop(&mut self) {
+        // The buffers must outlive the runs queued on them.
+        let _ = self.program.device.synchronize();
     }
 }

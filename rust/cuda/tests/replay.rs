@@ -191,3 +191,78 @@ fn a_repeated_call_with_the_same_buffers_patches_nothing() {
         assert_eq!((stats.recorded, stats.replayed, stats.patched), (1, 3, 0));
     }
 }
+
+/// The optimizer's timer runs the program as torch tensors do: device buffers, the recorded
+/// path, patched once for its buffers and then replayed without changes.
+#[test]
+fn the_device_timer_replays_the_recording_and_patches_only_once() {
+    let (g, w) = dynamic_graph();
+    let p = program(&g, &w);
+    run_and_check(&p, &g, &w, 20, 0);
+    let x = input_for(20, 1);
+    let before = p.stats();
+    // SAFETY: the view points at a live buffer of its shape.
+    let mut timer = unsafe { Executable::device_timer(&p, &[view_of(&x)]) }
+        .unwrap()
+        .expect("the CUDA executor times on its device");
+    let warmed = p.stats();
+    let times: Vec<f64> = (0..5).map(|_| timer.run().unwrap()).collect();
+    drop(timer);
+    assert!(times.iter().all(|t| t.is_finite() && *t > 0.0), "{times:?}");
+    let after = p.stats();
+    if after.direct > before.direct {
+        assert_eq!(after.direct - before.direct, 6);
+        return;
+    }
+    // One untimed run (new buffers: patched in), then five timed replays of the same
+    // recording with nothing to patch.
+    assert_eq!(after.replayed - before.replayed, 6);
+    assert_eq!(after.recorded, before.recorded);
+    assert!(warmed.patched > before.patched);
+    assert_eq!(after.patched, warmed.patched, "timed runs patch nothing");
+}
+
+fn view_of(x: &[f32]) -> TensorView {
+    let rows = x.len() / 8;
+    TensorView {
+        ptr: x.as_ptr() as *const u8,
+        dtype: DType::F32,
+        shape: vec![rows, 8],
+        strides: contiguous_strides(&[rows, 8]),
+    }
+}
+
+/// On the CUDA backend the optimizer times candidates by the device's clock and adopts a
+/// program that still matches the interpreter.
+#[test]
+fn the_search_times_cuda_candidates_on_the_device() {
+    use ember_core::search::{optimize, SearchOptions};
+    let (g, w) = dynamic_graph();
+    let opts = SearchOptions {
+        iterations: 3,
+        repeats: 2,
+        input_shapes: Some(vec![vec![12, 8]]),
+        ..Default::default()
+    };
+    let done = optimize(&g, &ember_cuda::EmulatedCudaBackend, &w, &opts).unwrap();
+    assert_eq!(done.report.clock, "device", "{:?}", done.report);
+    assert!(done.report.chosen.is_some(), "{:?}", done.report);
+    let x = input_for(12, 3);
+    let shapes = done.executable.output_shapes(&[vec![12, 8]]).unwrap();
+    let mut outs: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|s| vec![0f32; s.iter().product()])
+        .collect();
+    let targets: Vec<TensorOut> = outs
+        .iter_mut()
+        .zip(&shapes)
+        .map(|(o, s)| TensorOut {
+            ptr: o.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+            shape: s.clone(),
+        })
+        .collect();
+    // SAFETY: the view and outputs point at live buffers of their shapes.
+    unsafe { done.executable.run(&[view_of(&x)], &targets) }.unwrap();
+    assert_close(&outs, &expected(&g, &w, 12, &x), 12);
+}

@@ -518,6 +518,7 @@ fn report_dict<'py>(py: Python<'py>, r: &SearchReport) -> PyResult<Bound<'py, Py
     d.set_item("chosen", r.chosen)?;
     d.set_item("cache_hit", r.cache_hit)?;
     d.set_item("note", &r.note)?;
+    d.set_item("clock", &r.clock)?;
     d.set_item("time_s", r.time_s)?;
     Ok(d)
 }
