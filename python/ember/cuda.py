@@ -69,12 +69,14 @@ def nvrtc_version() -> tuple[int, int] | None:
     return _core.nvrtc_version()
 
 
-def generated_source(program: Any) -> dict[str, Any]:
+def generated_source(program: Any, choice: str | None = None) -> dict[str, Any]:
     """The CUDA source Ember generates for a translated program (``_core.Program``):
-    ``{"source": str, "kernels": [names], "steps": int}``."""
+    ``{"source": str, "kernels": [names], "steps": int}``. ``choice`` names a kernel the
+    optimizer may choose (``"cuda.warp_dot"``, ``"cuda.thread_dot"``): the source is then
+    generated as if it had been chosen wherever it applies."""
     if not cuda_built():
         raise RuntimeError("this build of Ember has no CUDA backend")
-    return _core.cuda_codegen(program)
+    return _core.cuda_codegen(program, choice)
 
 
 def nvrtc_compile(source: str, arch: str = "sm_90") -> int:

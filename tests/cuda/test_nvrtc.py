@@ -12,6 +12,7 @@ from ember import _core, cuda
 from ember.export import export_program, save_bytes
 from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, MobileNet, ResNet, llama_cache
 
+PRODUCT_CHOICES = ("cuda.warp_dot", "cuda.thread_dot")
 SMALL = LlamaConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64, max_seq=32)
 
 pytestmark = pytest.mark.skipif(not cuda.cuda_built(), reason="built without the CUDA backend")
@@ -91,6 +92,10 @@ def _sources() -> dict[str, dict]:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         out[name] = cuda.generated_source(program)
+        if name in ("mlp", "llama", "decode"):
+            # The product kernels the optimizer may choose instead of cuBLASLt.
+            for choice in PRODUCT_CHOICES:
+                out[f"{name}+{choice}"] = cuda.generated_source(program, choice)
     return out
 
 
@@ -109,6 +114,9 @@ def test_every_generated_kernel_compiles_with_nvrtc():
         for k in gen["kernels"]:
             assert gen["source"].count(f" {k}(") == 1, f"{name}: kernel {k} defined twice"
     assert len(distinct) >= 10, f"only {len(distinct)} kernels generated"
+    for choice in PRODUCT_CHOICES:
+        base, chosen = sources["decode"], sources[f"decode+{choice}"]
+        assert chosen["source"] != base["source"], f"{choice} changed nothing"
 
 
 @pytest.mark.nvrtc

@@ -216,6 +216,12 @@ impl EmulatedDevice {
             trace: std::env::var("EMBER_EMU_TRACE").is_ok_and(|v| v == "1"),
         })
     }
+
+    /// Launches as the GPU does from now on (as `EMBER_EMULATE_GPU_LAUNCHES=1` would).
+    pub fn launching_as_the_gpu(mut self) -> Self {
+        self.gpu_launches = true;
+        self
+    }
 }
 
 fn read_f(dtype: DType, base: u64, i: usize) -> f64 {

@@ -16,16 +16,56 @@ pub mod emulate;
 pub mod exec;
 pub mod layout;
 
-use ember_core::backend::{Backend, Executable, Weights};
-use ember_core::ir::Graph;
+use ember_core::backend::{Backend, Executable, LoweringRule, Weights};
+use ember_core::ir::{Graph, Op};
 use ember_core::Result;
 
 /// The CUDA backend's code run on the host by the emulator (`"cuda-emu"`): a test backend.
 pub struct EmulatedCudaBackend;
 
+/// The implementation choices both CUDA backends offer the optimizer (`lower_cuda`): the
+/// generated product kernels beside cuBLASLt, for the dtypes cuBLASLt takes.
+fn cuda_lowering_rules() -> Vec<LoweringRule> {
+    [codegen::KERNEL_WARP_DOT, codegen::KERNEL_THREAD_DOT]
+        .into_iter()
+        .map(|kernel| LoweringRule::Kernel {
+            kernel,
+            applies: |op, dtype, _rank| matches!(op, Op::Dot) && codegen::gemm_dtype(dtype),
+        })
+        .collect()
+}
+
+/// `graph` with the CUDA lowering choice `kernel` taken at every node it applies to: how
+/// tests run and compile a choice the optimizer would only take where it measures faster.
+pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
+    let rules = cuda_lowering_rules();
+    let Some(applies) = rules.iter().find_map(|r| match r {
+        LoweringRule::Kernel { kernel: k, applies } if *k == kernel => Some(applies),
+        _ => None,
+    }) else {
+        return Err(ember_core::Error::Input(format!(
+            "the CUDA backend has no kernel choice '{kernel}'"
+        )));
+    };
+    let mut g = graph.clone();
+    for n in &mut g.nodes {
+        if applies(&n.op, n.ty.dtype, n.ty.rank()) {
+            n.op = Op::Kernel {
+                name: kernel.to_string(),
+                base: Box::new(n.op.clone()),
+            };
+        }
+    }
+    Ok(g)
+}
+
 impl Backend for EmulatedCudaBackend {
     fn name(&self) -> &'static str {
         "cuda-emu"
+    }
+
+    fn lowering_rules(&self) -> Vec<LoweringRule> {
+        cuda_lowering_rules()
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
@@ -59,6 +99,10 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn lowering_rules(&self) -> Vec<LoweringRule> {
+        cuda_lowering_rules()
     }
 
     fn device_name(&self) -> String {

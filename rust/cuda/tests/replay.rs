@@ -247,6 +247,17 @@ fn the_search_times_cuda_candidates_on_the_device() {
     let done = optimize(&g, &ember_cuda::EmulatedCudaBackend, &w, &opts).unwrap();
     assert_eq!(done.report.clock, "device", "{:?}", done.report);
     assert!(done.report.chosen.is_some(), "{:?}", done.report);
+    // The generated product kernels are among the measured alternatives to cuBLASLt.
+    let measured_choice = |name: &str| {
+        done.report.candidates.iter().any(|c| {
+            c.description.contains(name) && c.verified == Some(true) && c.time_s.is_some()
+        })
+    };
+    assert!(
+        measured_choice(ember_cuda::codegen::KERNEL_WARP_DOT),
+        "{:#?}",
+        done.report.candidates
+    );
     let x = input_for(12, 3);
     let shapes = done.executable.output_shapes(&[vec![12, 8]]).unwrap();
     let mut outs: Vec<Vec<f32>> = shapes

@@ -6,10 +6,23 @@ use pyo3::types::PyDict;
 
 use crate::{guard, Program};
 
-/// The CUDA source generated for a program: `{"source", "kernels", "steps"}`.
+/// The CUDA source generated for a program: `{"source", "kernels", "steps"}`; with
+/// `choice` (a CUDA lowering choice such as "cuda.warp_dot"), as if the optimizer had taken
+/// it wherever it applies.
 #[pyfunction]
-pub fn cuda_codegen<'py>(py: Python<'py>, program: &Program) -> PyResult<Bound<'py, PyDict>> {
-    let kp = guard(|| Ok(ember_cuda::codegen::generate(&program.inner.graph)?))?;
+#[pyo3(signature = (program, choice=None))]
+pub fn cuda_codegen<'py>(
+    py: Python<'py>,
+    program: &Program,
+    choice: Option<&str>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let kp = guard(|| {
+        let graph = match choice {
+            Some(kernel) => ember_cuda::with_choice(&program.inner.graph, kernel)?,
+            None => program.inner.graph.clone(),
+        };
+        Ok(ember_cuda::codegen::generate(&graph)?)
+    })?;
     let d = PyDict::new(py);
     d.set_item("source", kp.cuda_source())?;
     let names: Vec<String> = kp.kernels.iter().map(|k| k.name.clone()).collect();

@@ -13,6 +13,7 @@ use super::types::{accumulate_type, storage_type, store};
 use super::{CodegenError, Kernel, Launch, Partials, StepKind};
 
 mod split_attention;
+mod warp_dot;
 
 const NAME: &str = "@KERNEL@";
 /// The loop giving each thread its elements `i < n`, whatever the grid's size.
@@ -316,6 +317,9 @@ impl<'a> Generator<'a> {
                 ..
             } => self.pool(id, *kind, kernel, stride, padding, dilation),
             Op::Dot => self.dot(id),
+            // `generate` admits only the CUDA choices for products.
+            Op::Kernel { name, .. } if name == super::KERNEL_WARP_DOT => self.warp_dot(id),
+            Op::Kernel { .. } => self.dot(id),
             _ => self.elementwise(id, Some(id)),
         }
     }
@@ -998,7 +1002,8 @@ impl<'a> Generator<'a> {
         Ok(vec![copy, write])
     }
 
-    /// Matrix product of dtypes cuBLASLt does not take (integers): one thread per output.
+    /// Matrix product with one thread per output element: for dtypes cuBLASLt does not
+    /// take (integers), and the optimizer's `cuda.thread_dot` choice.
     fn dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];

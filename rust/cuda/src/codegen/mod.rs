@@ -159,10 +159,25 @@ impl KernelProgram {
     }
 }
 
+/// The kernel choices the CUDA backend offers the optimizer for a matrix product besides
+/// cuBLASLt (`CudaBackend::lowering_rules`): a warp per output element, its lanes splitting
+/// the sum (a matrix-vector product over a `[N, K]` weight reads whole rows), and a thread
+/// per output element (reads a `[K, N]` weight a row at a time across threads).
+pub const KERNEL_WARP_DOT: &str = "cuda.warp_dot";
+pub const KERNEL_THREAD_DOT: &str = "cuda.thread_dot";
+
+/// The op a node computes (a kernel choice computes its base op).
+fn base_op(op: &Op) -> &Op {
+    match op {
+        Op::Kernel { base, .. } => base,
+        op => op,
+    }
+}
+
 /// Ops computed by a kernel of their own (never inlined).
 fn is_heavy(op: &Op) -> bool {
     matches!(
-        op,
+        base_op(op),
         Op::Reduce { .. }
             | Op::Dot
             | Op::Softmax { .. }
@@ -195,7 +210,7 @@ fn is_view(op: &Op) -> bool {
 /// Consumers that read each element of an inlined producer only a few times.
 fn inlines_compute(op: &Op) -> bool {
     !matches!(
-        op,
+        base_op(op),
         Op::Dot
             | Op::GroupedDot
             | Op::Argsort { .. }
@@ -274,12 +289,18 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         if !dtype_supported(n.ty.dtype) {
             return Err(unsupported(g, id, format!("dtype {}", n.ty.dtype)));
         }
-        if let Op::Kernel { name, .. } = &n.op {
-            return Err(unsupported(
-                g,
-                id,
-                format!("the CUDA backend has no kernel '{name}'"),
-            ));
+        if let Op::Kernel { name, base } = &n.op {
+            let ours = name == KERNEL_WARP_DOT || name == KERNEL_THREAD_DOT;
+            if !ours || **base != Op::Dot {
+                return Err(unsupported(
+                    g,
+                    id,
+                    format!(
+                        "the CUDA backend has no kernel '{name}' for {}",
+                        base.name()
+                    ),
+                ));
+            }
         }
         for &i in &n.inputs {
             if i >= id {
