@@ -34,6 +34,8 @@ static thread_local std::barrier<>* ember_barrier;
 #define __shared__ static
 #define __restrict__ __restrict
 #define __syncthreads() ember_barrier->arrive_and_wait()
+// No warps here: a warp's barrier is the block's (kernels call it block-uniformly).
+#define __syncwarp() ember_barrier->arrive_and_wait()
 #define EMBER_INF (__builtin_inff())
 #define EMBER_NAN (__builtin_nanf(""))
 #define EMBER_INF64 (__builtin_inf())

@@ -249,9 +249,10 @@ fn the_search_times_cuda_candidates_on_the_device() {
     assert!(done.report.chosen.is_some(), "{:?}", done.report);
     // The generated product kernels are among the measured alternatives to cuBLASLt.
     let measured_choice = |name: &str| {
-        done.report.candidates.iter().any(|c| {
-            c.description.contains(name) && c.verified == Some(true) && c.time_s.is_some()
-        })
+        done.report
+            .candidates
+            .iter()
+            .any(|c| c.description.contains(name) && c.verified == Some(true) && c.time_s.is_some())
     };
     assert!(
         measured_choice(ember_cuda::codegen::KERNEL_WARP_DOT),

@@ -13,6 +13,7 @@ use super::types::{accumulate_type, storage_type, store};
 use super::{CodegenError, Kernel, Launch, Partials, StepKind};
 
 mod split_attention;
+mod tiled_attention;
 mod warp_dot;
 
 const NAME: &str = "@KERNEL@";
@@ -93,6 +94,18 @@ impl Score {
         e.line(format!("d += ({acc}){qv} * ({acc}){kv};"));
         e.close();
         e.line(format!("{acc} s = d * ({acc}){:e};", self.scale));
+        self.limit(g, e, at, l)
+    }
+
+    /// Applies the causal limit and the mask to the score `s` of query row `l` and key `j`.
+    fn limit(
+        &self,
+        g: &Graph,
+        e: &mut Emitter<'_>,
+        at: &dyn Fn([&str; 2]) -> Vec<String>,
+        l: &str,
+    ) -> Result<(), CodegenError> {
+        let acc = self.acc;
         if self.causal {
             e.line(format!("if (j > {l}) s = -{};", inf(acc)));
         }
@@ -723,6 +736,9 @@ impl<'a> Generator<'a> {
     fn attention(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let p = AttentionParts::of(g, id)?;
+        if let Some(step) = self.tiled_attention(id, &p)? {
+            return Ok(step);
+        }
         let acc = p.score.acc;
         let mut e = self.emitter(None);
         e.line(format!("__shared__ {acc} smem[1024];"));

@@ -131,32 +131,6 @@ EMBER_DEV i64 ember_index(i64* meta, i64 i, i64 n, i64 node) {
     return i;
 }
 
-// ---- warp-wide sums (blockDim.x a multiple of 32) ----
-// The sum over the 32 lanes of each warp, in every lane. On the GPU a butterfly of
-// shuffles; the emulator has no warps, so there the block's threads meet in `smem` (one
-// slot per thread), and every thread of the block must call it.
-#ifndef EMBER_HOST
-template <typename T>
-EMBER_DEV T ember_warp_sum(T v, T*) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-#else
-template <typename T>
-EMBER_DEV T ember_warp_sum(T v, T* smem) {
-    const unsigned t = threadIdx.x, lane = t & 31u;
-    smem[t] = v;
-    __syncthreads();
-    for (unsigned s = 16; s > 0; s >>= 1) {
-        if (lane < s) smem[t] += smem[t + s];
-        __syncthreads();
-    }
-    T r = smem[t - lane];
-    __syncthreads();
-    return r;
-}
-#endif
-
 // ---- block-wide reductions (blockDim.x a power of two, at most 1024) ----
 // Every thread of the block must call these; they end with the result in every thread.
 template <typename T, typename F>
@@ -207,7 +181,34 @@ struct EmberProd { template <typename T> EMBER_MEMBER T operator()(T a, T b) con
 struct EmberFMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_fmax(a, b); } };
 struct EmberFMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_fmin(a, b); } };
 struct EmberIMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imax(a, b); } };
+
 struct EmberIMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imin(a, b); } };
+
+// ---- warp-wide reductions (blockDim.x a multiple of 32) ----
+// `combine` over the 32 lanes of each warp, the result in every lane. On the GPU a
+// butterfly of shuffles; the emulator has no warps, so there the block's threads meet in
+// `smem` (a slot per thread) at barriers, and every thread of the block must call it.
+#ifndef EMBER_HOST
+template <typename T, typename F>
+EMBER_DEV T ember_warp_reduce(T v, T*, F combine) {
+    for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#else
+template <typename T, typename F>
+EMBER_DEV T ember_warp_reduce(T v, T* smem, F combine) {
+    const unsigned t = threadIdx.x, lane = t & 31u;
+    smem[t] = v;
+    __syncthreads();
+    for (unsigned s = 16; s > 0; s >>= 1) {
+        if (lane < s) smem[t] = combine(smem[t], smem[t + s]);
+        __syncthreads();
+    }
+    T r = smem[t - lane];
+    __syncthreads();
+    return r;
+}
+#endif
 
 // Scatter reductions: atomic on the GPU (CAS loops where CUDA has no atomic op); the
 // emulator runs scatter threads one at a time, so a plain update is atomic there.

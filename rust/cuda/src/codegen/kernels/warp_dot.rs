@@ -11,7 +11,7 @@ use crate::codegen::Launch;
 
 impl Generator<'_> {
     /// The loop over outputs steps a block at a time, so every thread of a block meets
-    /// every `ember_warp_sum` (the emulator's stands in for shuffles with a barrier).
+    /// every `ember_warp_reduce` (the emulator's stands in for shuffles with a barrier).
     pub(super) fn warp_dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
@@ -43,7 +43,7 @@ impl Generator<'_> {
         e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
         e.close();
         e.close();
-        e.line("s = ember_warp_sum(s, smem);");
+        e.line("s = ember_warp_reduce(s, smem, EmberSum());");
         e.line(format!(
             "if (i < n && lane == 0) out[i] = {};",
             store(dtype, "s")
