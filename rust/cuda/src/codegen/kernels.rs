@@ -1036,20 +1036,33 @@ impl<'a> Generator<'a> {
         let oidx = e.unravel("i", &out);
         e.line(format!("{acc} s = 0;"));
         e.open("for (i64 k = 0; k < K; ++k)");
-        let mut ai = oidx[..r - 1].to_vec();
-        ai.push("k".into());
-        let mut bi = oidx[..r - 2].to_vec();
-        bi.push("k".into());
-        bi.push(oidx[r - 1].clone());
-        let av = e.value(a, &ai)?;
-        let bv = e.value(b, &bi)?;
-        e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
+        product_term(&mut e, (a, b), &oidx, acc)?;
         e.close();
         e.line(format!("out[i] = {};", store(dtype, "s")));
         e.close();
         let body = Body::of(e, false);
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
+}
+
+/// `s += a[.., m, k] * b[.., k, n]` for the output element at `out_idx` (`[.., m, n]`) and
+/// the emitted code's `k`: the term both generated product kernels sum.
+fn product_term(
+    e: &mut Emitter<'_>,
+    (a, b): (usize, usize),
+    out_idx: &[String],
+    acc: &str,
+) -> Result<(), CodegenError> {
+    let r = out_idx.len();
+    let mut ai = out_idx[..r - 1].to_vec();
+    ai.push("k".into());
+    let mut bi = out_idx[..r - 2].to_vec();
+    bi.push("k".into());
+    bi.push(out_idx[r - 1].clone());
+    let av = e.value(a, &ai)?;
+    let bv = e.value(b, &bi)?;
+    e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
+    Ok(())
 }
 
 /// `o[c] = Σ_j p[j] · v[j, c]` for the keys `j0 + jj`, `jj < n`, of one row, where `probs`

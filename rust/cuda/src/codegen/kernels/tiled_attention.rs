@@ -16,9 +16,11 @@ use crate::codegen::Launch;
 
 /// Keys per shared tile (a warp's lanes score one each).
 const TILE: i64 = 32;
-/// Warps (query rows) a block holds at most: the GPU's launches are 256 threads
-/// (`launch_limits`), the emulator's 32 or 256.
+/// Warps (query rows) of a block that take a row: the GPU's launches are 256 threads
+/// (`launch_limits`), the emulator's 32 or 256; warps beyond these (a larger block) idle.
 const ROWS_PER_BLOCK: i64 = 8;
+/// Threads a block may have at most (CUDA's limit): the per-thread shared slots.
+const MAX_THREADS: i64 = 1024;
 /// Largest head dim the shared tiles hold (two 32 × 128 f32 tiles: 32 KiB).
 const MAX_HEAD_DIM: i64 = 128;
 
@@ -43,24 +45,27 @@ impl Generator<'_> {
         let outs_per_lane = (ev_len + 31) / 32;
         let mut e = self.emitter(None);
         // `red` serves the emulator's warp reductions (the GPU's use shuffles).
-        e.line(format!("__shared__ {acc} red[{}];", ROWS_PER_BLOCK * 32));
+        e.line(format!("__shared__ {acc} red[{MAX_THREADS}];"));
         e.line(format!("__shared__ {acc} qsh[{}];", ROWS_PER_BLOCK * e_len));
         e.line(format!("__shared__ {acc} ks[{}];", TILE * (e_len + 1)));
         e.line(format!("__shared__ {acc} vs[{}];", TILE * ev_len));
-        e.line(format!("__shared__ {acc} psh[{}];", ROWS_PER_BLOCK * 32));
+        e.line(format!("__shared__ {acc} psh[{MAX_THREADS}];"));
         let batch = &p.qs[..r - 2];
         e.line(format!("const i64 BH = {};", e.dims.product(batch)));
         e.line(format!("const i64 L = {};", e.dim(&p.qs[r - 2])));
         e.line(format!("const i64 S = {};", e.dim(&p.s_dim)));
         e.line(format!("const i64 E = {e_len}, EV = {ev_len};"));
-        e.line("const i64 W = (i64)blockDim.x >> 5, w = (i64)threadIdx.x >> 5;");
+        e.line(format!(
+            "const i64 W = ember_imin((i64)blockDim.x >> 5, (i64){ROWS_PER_BLOCK});"
+        ));
+        e.line("const i64 w = (i64)threadIdx.x >> 5;");
         e.line("const i64 lane = (i64)threadIdx.x & 31;");
         e.line("const i64 tiles = (L + W - 1) / W;");
         // Every loop bound below is the same for the whole block: its barriers (and the
         // emulator's warp reductions) are met by every thread.
         e.open("for (i64 blk = blockIdx.x; blk < BH * tiles; blk += gridDim.x)");
         e.line("const i64 bh = blk / tiles, l0 = (blk % tiles) * W, l = l0 + w;");
-        e.line("const bool active = l < L;");
+        e.line("const bool active = w < W && l < L;");
         let ri = RowIndex {
             batch: e.unravel("bh", batch),
             query: "l".into(),
@@ -72,7 +77,7 @@ impl Generator<'_> {
         let qv = e.value(p.score.q, &at(["l", "c"]))?;
         e.line(format!("qv = ({acc}){qv};"));
         e.close();
-        e.line("qsh[w * E + c] = qv;");
+        e.line("if (w < W) qsh[w * E + c] = qv;");
         e.close();
         e.line(format!("{acc} m = {neg_inf}, lsum = 0;"));
         e.line(format!("{acc} o[{outs_per_lane}];"));

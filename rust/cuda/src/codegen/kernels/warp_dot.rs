@@ -6,7 +6,7 @@
 use ember_core::dim::{numel, Dim};
 
 use super::super::types::{accumulate_type, store};
-use super::{Body, CodegenError, Generator, StepKind};
+use super::{product_term, Body, CodegenError, Generator, StepKind};
 use crate::codegen::Launch;
 
 impl Generator<'_> {
@@ -33,14 +33,7 @@ impl Generator<'_> {
         let oidx = e.unravel("i", &out);
         e.line("#pragma unroll 4");
         e.open("for (i64 k = lane; k < K; k += 32)");
-        let mut ai = oidx[..r - 1].to_vec();
-        ai.push("k".into());
-        let mut bi = oidx[..r - 2].to_vec();
-        bi.push("k".into());
-        bi.push(oidx[r - 1].clone());
-        let av = e.value(a, &ai)?;
-        let bv = e.value(b, &bi)?;
-        e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
+        product_term(&mut e, (a, b), &oidx, acc)?;
         e.close();
         e.close();
         e.line("s = ember_warp_reduce(s, smem, EmberSum());");
