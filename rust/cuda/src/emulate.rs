@@ -179,7 +179,12 @@ fn compile(source: &str) -> Result<Arc<HostModule>> {
     Ok(m)
 }
 
-struct HostBuffer(Vec<u64>);
+/// Aligned to 16 bytes, as the kernels' packed loads need (`cudaMalloc` gives 256).
+#[repr(align(16))]
+#[derive(Clone, Copy)]
+struct Chunk(#[allow(dead_code)] [u8; 16]);
+
+struct HostBuffer(Vec<Chunk>);
 
 impl DeviceBuffer for HostBuffer {
     fn addr(&self) -> u64 {
@@ -256,7 +261,10 @@ impl Device for EmulatedDevice {
     type Recording = Vec<Work>;
 
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        Ok(Box::new(HostBuffer(vec![0u64; bytes.div_ceil(8)])))
+        Ok(Box::new(HostBuffer(vec![
+            Chunk([0; 16]);
+            bytes.div_ceil(16)
+        ])))
     }
 
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {

@@ -8,9 +8,9 @@ use ember_core::backend::{Executable, Weights};
 use ember_core::dim::Dim;
 use ember_core::dtype::DType;
 use ember_core::interp::{self, Value};
-use ember_core::ir::{Graph, Op, TensorType};
+use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp};
 use ember_core::tensor::{contiguous_strides, HostTensor, TensorOut, TensorView};
-use ember_cuda::codegen::{generate, KERNEL_THREAD_DOT, KERNEL_WARP_DOT};
+use ember_cuda::codegen::{generate, Dest, KERNEL_THREAD_DOT, KERNEL_WARP_DOT};
 use ember_cuda::emulate::EmulatedDevice;
 use ember_cuda::exec::Program;
 
@@ -84,7 +84,7 @@ fn product(dtype: DType, batch: &[usize], m: usize, k: usize, n: usize) -> (Grap
     (g, vec![av, bv])
 }
 
-/// Runs `graph` with `kernel` chosen for its products on the emulator; the outputs.
+/// Runs `graph` with `kernel` chosen for its products on the emulator; its first output.
 fn run_choice(
     graph: &Graph,
     weights: &Weights,
@@ -92,6 +92,17 @@ fn run_choice(
     kernel: &str,
     gpu_launches: bool,
 ) -> Vec<f64> {
+    run_choice_all(graph, weights, inputs, kernel, gpu_launches).remove(0)
+}
+
+/// Runs `graph` with `kernel` chosen for its products on the emulator; every output.
+fn run_choice_all(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &[Value],
+    kernel: &str,
+    gpu_launches: bool,
+) -> Vec<Vec<f64>> {
     let chosen = ember_cuda::with_choice(graph, kernel).unwrap();
     let kp = generate(&chosen).unwrap();
     assert!(
@@ -117,21 +128,28 @@ fn run_choice(
         })
         .collect();
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
-    let out_shape = Executable::output_shapes(&program, &shapes)
-        .unwrap()
-        .remove(0);
-    let dtype = graph.ty(graph.outputs[0]).dtype;
-    let mut out = vec![0u8; out_shape.iter().product::<usize>() * dtype.size()];
-    let target = TensorOut {
-        ptr: out.as_mut_ptr(),
-        dtype,
-        shape: out_shape.clone(),
-    };
-    // SAFETY: the views and the output point at live buffers of their shapes.
-    unsafe { Executable::run(&program, &views, &[target]) }.unwrap();
-    Value::from_bytes(dtype, out_shape, &out)
-        .unwrap()
-        .to_f64_vec()
+    let out_shapes = Executable::output_shapes(&program, &shapes).unwrap();
+    let dtypes: Vec<DType> = graph.outputs.iter().map(|&o| graph.ty(o).dtype).collect();
+    let mut outs: Vec<Vec<u8>> = out_shapes
+        .iter()
+        .zip(&dtypes)
+        .map(|(s, d)| vec![0u8; s.iter().product::<usize>() * d.size()])
+        .collect();
+    let targets: Vec<TensorOut> = outs
+        .iter_mut()
+        .zip(out_shapes.iter().zip(&dtypes))
+        .map(|(o, (s, &d))| TensorOut {
+            ptr: o.as_mut_ptr(),
+            dtype: d,
+            shape: s.clone(),
+        })
+        .collect();
+    // SAFETY: the views and the outputs point at live buffers of their shapes.
+    unsafe { Executable::run(&program, &views, &targets) }.unwrap();
+    outs.iter()
+        .zip(out_shapes.into_iter().zip(dtypes))
+        .map(|(o, (s, d))| Value::from_bytes(d, s, o).unwrap().to_f64_vec())
+        .collect()
 }
 
 fn check(what: &str, got: &[f64], want: &Value) {
@@ -187,4 +205,188 @@ fn choosing_an_unknown_kernel_is_refused() {
     let (g, _, _) = linear(DType::F32, 1, 8, 4);
     let err = ember_cuda::with_choice(&g, "cuda.nope").unwrap_err();
     assert!(err.to_string().contains("cuda.nope"), "{err}");
+}
+
+/// `silu(x @ wgᵀ) * (x @ wuᵀ) + r`: a gated MLP's products and the residual add after
+/// its down projection, in one pointwise chain; with `rows`, the products are reshaped to
+/// `[1, m, n]` before it (as a decode step's `[1, 1, d]` activations are).
+fn gated(dtype: DType, m: usize, k: usize, n: usize, rows: bool) -> (Graph, Weights, Vec<Value>) {
+    let out_shape = if rows { vec![1, m, n] } else { vec![m, n] };
+    let mut g = Graph::new();
+    let x = g
+        .add_source(
+            Op::Input { index: 0 },
+            TensorType::new(dtype, dims(&[m, k])),
+            "x",
+        )
+        .unwrap();
+    let r = g
+        .add_source(
+            Op::Input { index: 1 },
+            TensorType::new(dtype, dims(&out_shape)),
+            "r",
+        )
+        .unwrap();
+    let mut weights = Weights::new();
+    let mut proj = |g: &mut Graph, name: &str, seed: usize| {
+        let w = g
+            .add_source(
+                Op::Weight { name: name.into() },
+                TensorType::new(dtype, dims(&[n, k])),
+                name,
+            )
+            .unwrap();
+        let wv = Value::from_f64(dtype, vec![n, k], values(n * k, seed));
+        weights.insert(
+            name.into(),
+            HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap(),
+        );
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], name).unwrap();
+        let p = g.add(Op::Dot, &[x, wt], name).unwrap();
+        let shape = dims(&out_shape);
+        match rows {
+            true => g.add(Op::Reshape { shape }, &[p], name).unwrap(),
+            false => p,
+        }
+    };
+    let gate = proj(&mut g, "gate", 5);
+    let up = proj(&mut g, "up", 6);
+    let act = g.add(Op::Unary(UnaryOp::Silu), &[gate], "silu").unwrap();
+    let h = g.add(Op::Binary(BinaryOp::Mul), &[act, up], "mul").unwrap();
+    let y = g
+        .add(Op::Binary(BinaryOp::Add), &[h, r], "residual")
+        .unwrap();
+    g.outputs = vec![y];
+    let xv = Value::from_f64(dtype, vec![m, k], values(m * k, 2));
+    let rv = Value::from_f64(dtype, out_shape.clone(), values(m * n, 7));
+    (g, weights, vec![xv, rv])
+}
+
+#[test]
+fn products_apply_the_pointwise_chain_that_consumes_them() {
+    for kernel in [KERNEL_WARP_DOT, KERNEL_THREAD_DOT] {
+        for dtype in DTYPES {
+            for (m, rows) in [(1, true), (3, false), (3, true)] {
+                let (g, w, x) = gated(dtype, m, 70, 45, rows);
+                // `gate` writes `silu(gate) * up + r`; `up` is the one product stored.
+                let kp = generate(&ember_cuda::with_choice(&g, kernel).unwrap()).unwrap();
+                assert_eq!(kp.steps.len(), 2, "{kernel} {dtype}: {:?}", kp.steps);
+                assert!(
+                    matches!(kp.steps[1].dest, Dest::Output(0)),
+                    "{kernel} {dtype}: the fused product writes the output"
+                );
+                let want = interp::run(&g, &w, &x).unwrap().remove(0);
+                let got = run_choice(&g, &w, &x, kernel, kernel == KERNEL_WARP_DOT);
+                check(&format!("{kernel} {dtype} gated m={m} {rows}"), &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_product_that_is_itself_an_output_keeps_its_value() {
+    // `y = x @ wᵀ` is returned and also feeds `relu(y)`: no fusion may drop `y`.
+    let (mut g, w, x) = linear(DType::F32, 2, 40, 9);
+    let y = g.outputs[0];
+    let z = g.add(Op::Unary(UnaryOp::Relu), &[y], "relu").unwrap();
+    g.outputs = vec![y, z];
+    let want = interp::run(&g, &w, &x).unwrap();
+    let kp = generate(&ember_cuda::with_choice(&g, KERNEL_WARP_DOT).unwrap()).unwrap();
+    assert_eq!(kp.steps.len(), 2, "{:?}", kp.steps);
+    let got = run_choice_all(&g, &w, &x, KERNEL_WARP_DOT, false);
+    check("the product output", &got[0], &want[0]);
+    check("its relu", &got[1], &want[1]);
+}
+
+#[test]
+fn the_warp_kernel_sums_packed_rows_when_they_are_aligned() {
+    // 264 terms: 33 packs of 8 bf16 (66 of 4 f32) — a full warp's stride and one more.
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for m in [1, 2] {
+            let (g, w, x) = linear(dtype, m, 264, 37);
+            let kp = generate(&ember_cuda::with_choice(&g, KERNEL_WARP_DOT).unwrap()).unwrap();
+            assert!(
+                kp.source.contains("ember_pack_dot_"),
+                "{dtype}: no packed path"
+            );
+            let want = interp::run(&g, &w, &x).unwrap().remove(0);
+            let got = run_choice(&g, &w, &x, KERNEL_WARP_DOT, true);
+            check(&format!("{dtype} packed m={m}"), &got, &want);
+        }
+        // A gated chain on packed rows: the epilogue reads the same element either way.
+        let (g, w, x) = gated(dtype, 1, 128, 19, true);
+        let want = interp::run(&g, &w, &x).unwrap().remove(0);
+        let got = run_choice(&g, &w, &x, KERNEL_WARP_DOT, true);
+        check(&format!("{dtype} packed gated"), &got, &want);
+    }
+}
+
+/// A decode step's gated MLP with its residual: `r + down(silu(gate(x)) * up(x))`, each
+/// product on `[1, d]` rows reshaped to `[1, 1, d]` (as exported llama blocks are).
+fn mlp_block(dtype: DType, d: usize, hidden: usize) -> (Graph, Weights, Vec<Value>) {
+    let mut g = Graph::new();
+    let t = |shape: &[usize]| TensorType::new(dtype, dims(shape));
+    let x = g
+        .add_source(Op::Input { index: 0 }, t(&[1, 1, d]), "x")
+        .unwrap();
+    let mut weights = Weights::new();
+    let mut linear = |g: &mut Graph, name: &str, v: usize, (n, k): (usize, usize), seed| {
+        let w = g
+            .add_source(Op::Weight { name: name.into() }, t(&[n, k]), name)
+            .unwrap();
+        let wv = Value::from_f64(dtype, vec![n, k], values(n * k, seed));
+        weights.insert(
+            name.into(),
+            HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap(),
+        );
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], name).unwrap();
+        let rows = g
+            .add(
+                Op::Reshape {
+                    shape: dims(&[1, k]),
+                },
+                &[v],
+                name,
+            )
+            .unwrap();
+        let p = g.add(Op::Dot, &[rows, wt], name).unwrap();
+        g.add(
+            Op::Reshape {
+                shape: dims(&[1, 1, n]),
+            },
+            &[p],
+            name,
+        )
+        .unwrap()
+    };
+    let gate = linear(&mut g, "gate", x, (hidden, d), 5);
+    let up = linear(&mut g, "up", x, (hidden, d), 6);
+    let act = g.add(Op::Unary(UnaryOp::Silu), &[gate], "silu").unwrap();
+    let h = g.add(Op::Binary(BinaryOp::Mul), &[act, up], "mul").unwrap();
+    let down = linear(&mut g, "down", h, (d, hidden), 8);
+    let y = g
+        .add(Op::Binary(BinaryOp::Add), &[x, down], "residual")
+        .unwrap();
+    g.outputs = vec![y];
+    let xv = Value::from_f64(dtype, vec![1, 1, d], values(d, 2));
+    (g, weights, vec![xv])
+}
+
+#[test]
+fn a_gated_mlp_takes_three_product_kernels_and_no_other() {
+    for kernel in [KERNEL_WARP_DOT, KERNEL_THREAD_DOT] {
+        for dtype in [DType::BF16, DType::F32] {
+            let (g, w, x) = mlp_block(dtype, 64, 96);
+            // `up`; `gate` writing `silu(gate) * up` (the activation the down product
+            // reads from memory, not recomputed per term); `down` writing the residual sum.
+            let kp = generate(&ember_cuda::with_choice(&g, kernel).unwrap()).unwrap();
+            assert_eq!(kp.steps.len(), 3, "{kernel} {dtype}: {:?}", kp.steps);
+            if kernel == KERNEL_WARP_DOT {
+                assert_eq!(kp.source.matches("ember_pack_dot_").count(), 3, "{dtype}");
+            }
+            let want = interp::run(&g, &w, &x).unwrap().remove(0);
+            let got = run_choice(&g, &w, &x, kernel, true);
+            check(&format!("{kernel} {dtype} mlp block"), &got, &want);
+        }
+    }
 }

@@ -136,6 +136,8 @@ pub struct Emitter<'a> {
     pub indent: usize,
     counter: usize,
     memo: Vec<HashMap<(usize, Vec<String>), String>>,
+    /// Nodes whose every read is one value ([`Emitter::bind`]).
+    bound: HashMap<usize, String>,
 }
 
 impl<'a> Emitter<'a> {
@@ -155,6 +157,7 @@ impl<'a> Emitter<'a> {
             indent: 1,
             counter: 0,
             memo: vec![HashMap::new()],
+            bound: HashMap::new(),
         }
     }
 
@@ -256,8 +259,19 @@ impl<'a> Emitter<'a> {
         v
     }
 
+    /// Makes every read of `node` in this kernel, at whatever index, read `expr`: a value
+    /// the kernel computed itself (in the node's compute type), rounded to the node's dtype
+    /// as storing it would. For a product's epilogue, whose reads are all of one element.
+    pub fn bind(&mut self, node: usize, expr: &str) {
+        let v = self.define(node, expr.to_string());
+        self.bound.insert(node, v);
+    }
+
     /// The value of `node` at `idx` (one index per dim of its shape), in its compute type.
     pub fn value(&mut self, node: usize, idx: &[String]) -> Result<String, CodegenError> {
+        if let Some(v) = self.bound.get(&node) {
+            return Ok(v.clone());
+        }
         let key = (node, idx.to_vec());
         if let Some(v) = self.memo.iter().rev().find_map(|m| m.get(&key)) {
             return Ok(v.clone());

@@ -329,11 +329,25 @@ impl<'a> Generator<'a> {
                 dilation,
                 ..
             } => self.pool(id, *kind, kernel, stride, padding, dilation),
-            Op::Dot => self.dot(id),
-            // `generate` admits only the CUDA choices for products.
-            Op::Kernel { name, .. } if name == super::KERNEL_WARP_DOT => self.warp_dot(id),
-            Op::Kernel { .. } => self.dot(id),
+            Op::Dot | Op::Kernel { .. } => self.product_kernel(id, None),
             _ => self.elementwise(id, Some(id)),
+        }
+    }
+
+    /// The generated kernel of matrix product `id`, writing its value or, with `epilogue`,
+    /// that of the pointwise chain from the product up to `epilogue` (`generate` checks the
+    /// chain reads the product only at the output's own index).
+    pub fn product_kernel(
+        &mut self,
+        id: usize,
+        epilogue: Option<usize>,
+    ) -> Result<StepKind, CodegenError> {
+        match &self.g.nodes[id].op {
+            // `generate` admits only the CUDA choices for products.
+            Op::Kernel { name, .. } if name == super::KERNEL_WARP_DOT => {
+                self.warp_dot(id, epilogue)
+            }
+            _ => self.dot(id, epilogue),
         }
     }
 
@@ -1020,7 +1034,7 @@ impl<'a> Generator<'a> {
 
     /// Matrix product with one thread per output element: for dtypes cuBLASLt does not
     /// take (integers), and the optimizer's `cuda.thread_dot` choice.
-    fn dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+    fn dot(&mut self, id: usize, epilogue: Option<usize>) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
         let dtype = n.ty.dtype;
@@ -1029,7 +1043,7 @@ impl<'a> Generator<'a> {
         let ash = g.nodes[a].ty.shape.clone();
         let out = n.ty.shape.clone();
         let r = out.len();
-        let mut e = self.emitter(None);
+        let mut e = self.emitter(epilogue);
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
         e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
         e.open(GRID_STRIDE);
@@ -1038,11 +1052,32 @@ impl<'a> Generator<'a> {
         e.open("for (i64 k = 0; k < K; ++k)");
         product_term(&mut e, (a, b), &oidx, acc)?;
         e.close();
-        e.line(format!("out[i] = {};", store(dtype, "s")));
+        write_product(&mut e, id, epilogue)?;
         e.close();
         let body = Body::of(e, false);
-        Ok(self.add(id, body, Launch::Elements(numel(&out))))
+        Ok(self.add(epilogue.unwrap_or(id), body, Launch::Elements(numel(&out))))
     }
+}
+
+/// `out[i] = ` product `id`'s element `i`, its sum in the emitted code's `s`: the sum
+/// itself, or with `epilogue`, that node's element `i` computed from it in place.
+fn write_product(
+    e: &mut Emitter<'_>,
+    id: usize,
+    epilogue: Option<usize>,
+) -> Result<(), CodegenError> {
+    let (node, value) = match epilogue {
+        None => (id, "s".to_string()),
+        Some(root) => {
+            e.bind(id, "s");
+            let shape = e.g.nodes[root].ty.shape.clone();
+            let idx = e.unravel("i", &shape);
+            (root, e.value(root, &idx)?)
+        }
+    };
+    let dtype = e.g.nodes[node].ty.dtype;
+    e.line(format!("out[i] = {};", store(dtype, &value)));
+    Ok(())
 }
 
 /// `s += a[.., m, k] * b[.., k, n]` for the output element at `out_idx` (`[.., m, n]`) and

@@ -338,34 +338,23 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         }
     }
     // Matrix-product operands must be in memory: directly, through a reshape, or
-    // transposed (cuBLASLt reads them transposed in place).
+    // transposed (cuBLASLt reads them transposed in place). A generated product's are too:
+    // it reads each operand element once per output row or column, so recomputing an
+    // operand (a gated MLP's `silu(gate) * up` under a reshape) would multiply its work,
+    // and rows in memory are what its packed loads read.
     let mut gemm_operands: HashMap<usize, [(usize, bool); 2]> = HashMap::new();
     for (id, n) in g.nodes.iter().enumerate() {
-        if !matches!(n.op, Op::Dot) || !gemm_dtype(n.ty.dtype) {
+        let gemm = matches!(n.op, Op::Dot) && gemm_dtype(n.ty.dtype);
+        if !gemm && !is_generated_product(g, id) {
             continue;
         }
         let mut ops = [(0, false); 2];
         for (k, &x) in n.inputs.iter().enumerate() {
-            let resolved = in_memory_through_reshape(g, &mem, x);
-            ops[k] = match resolved {
-                Some(m) => (m, false),
-                None if swaps_last_two(&g.nodes[x].op) => {
-                    let src = g.nodes[x].inputs[0];
-                    match in_memory_through_reshape(g, &mem, src) {
-                        Some(m) => (m, true),
-                        None => {
-                            mem[src] = Mem::Buffer;
-                            (src, true)
-                        }
-                    }
-                }
-                None => {
-                    mem[x] = Mem::Buffer;
-                    (x, false)
-                }
-            };
+            ops[k] = operand_in_memory(g, &mut mem, x);
         }
-        gemm_operands.insert(id, ops);
+        if gemm {
+            gemm_operands.insert(id, ops);
+        }
     }
 
     // `dot + bias` where the bias is a vector broadcast along the rows: the product's step
@@ -405,6 +394,23 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         let ops = gemm_operands[&d];
         gemm_operands.insert(add, ops);
         gemm_operands.remove(&d);
+    }
+
+    // A product computed by a generated kernel (the optimizer's CUDA choices, integer
+    // products) applies the elementwise chain consuming it as it writes: a residual add, a
+    // gated MLP's `silu(gate) * up`, an activation. The product and the chain then need no
+    // memory of their own, and a decode step one launch fewer per product.
+    let mut epilogue_of: HashMap<usize, usize> = HashMap::new(); // chain root → product
+    for id in 0..count {
+        if !is_generated_product(g, id) {
+            continue;
+        }
+        let root = epilogue_root(g, &mem, &consumers, &is_output, id);
+        // One product per chain (of `silu(gate) * up`, `gate` takes it; `up` is stored).
+        if let Some(root) = root.filter(|r| !epilogue_of.contains_key(r)) {
+            mem[id] = Mem::Inline;
+            epilogue_of.insert(root, id);
+        }
     }
 
     let symbols = collect_symbols(g);
@@ -467,6 +473,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 dtype: n.ty.dtype,
                 bias,
             })
+        } else if let Some(&product) = epilogue_of.get(&id) {
+            gen.product_kernel(product, Some(id))?
         } else {
             gen.node_kernel(id)?
         };
@@ -496,6 +504,75 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         source,
         steps,
     })
+}
+
+/// A matrix product a generated kernel computes (not cuBLASLt).
+fn is_generated_product(g: &Graph, id: usize) -> bool {
+    match &g.nodes[id].op {
+        Op::Kernel { base, .. } => **base == Op::Dot,
+        Op::Dot => !gemm_dtype(g.nodes[id].ty.dtype),
+        _ => false,
+    }
+}
+
+/// Ops that read each input at their own output index (operands share the output's
+/// shape), so a value flows through them element by element.
+fn is_pointwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. }
+    )
+}
+
+/// The node in memory that ends the chain of pointwise ops and reshapes through which
+/// `product` flows alone (each link the single consumer of the one before, recomputed in
+/// place), if the chain reaches one. Every link keeps the elements' row-major order, so
+/// the root's element `i` reads the product's element `i` only: the product's kernel can
+/// write the root instead of its own value.
+fn epilogue_root(
+    g: &Graph,
+    mem: &[Mem],
+    consumers: &[BTreeSet<usize>],
+    is_output: &[bool],
+    product: usize,
+) -> Option<usize> {
+    let mut link = product;
+    loop {
+        if is_output[link] || consumers[link].len() != 1 {
+            return None;
+        }
+        let &next = consumers[link].first()?;
+        let op = &g.nodes[next].op;
+        if !is_pointwise(op) && !matches!(op, Op::Reshape { .. }) {
+            return None;
+        }
+        match mem[next] {
+            Mem::Buffer => return Some(next),
+            Mem::Inline => link = next,
+            _ => return None,
+        }
+    }
+}
+
+/// The node in memory a product reads for operand `x`, and whether that memory holds `x`
+/// transposed: `x` itself or what reshapes of it start from, else the source of a
+/// transpose, when in memory; otherwise `x` (or the transpose's source) is put in memory.
+fn operand_in_memory(g: &Graph, mem: &mut [Mem], x: usize) -> (usize, bool) {
+    if let Some(m) = in_memory_through_reshape(g, mem, x) {
+        return (m, false);
+    }
+    if swaps_last_two(&g.nodes[x].op) {
+        let src = g.nodes[x].inputs[0];
+        return match in_memory_through_reshape(g, mem, src) {
+            Some(m) => (m, true),
+            None => {
+                mem[src] = Mem::Buffer;
+                (src, true)
+            }
+        };
+    }
+    mem[x] = Mem::Buffer;
+    (x, false)
 }
 
 /// The node in memory that `x` is, directly or through reshapes (which keep a contiguous

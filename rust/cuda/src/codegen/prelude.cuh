@@ -33,6 +33,7 @@ EMBER_DEV unsigned short ember_f2b(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
     return (unsigned short)(u >> 16);
 }
+EMBER_DEV float ember_bits_f(unsigned int u) { return __uint_as_float(u); }
 #define EMBER_INF __int_as_float(0x7f800000)
 #define EMBER_NAN __int_as_float(0x7fffffff)
 #define EMBER_INF64 __longlong_as_double(0x7ff0000000000000LL)
@@ -183,6 +184,30 @@ struct EmberFMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) con
 struct EmberIMax { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imax(a, b); } };
 
 struct EmberIMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) const { return ember_imin(a, b); } };
+
+// ---- packed loads: 16 bytes at once (8 f16/bf16 or 4 f32), for bandwidth-bound sums ----
+struct alignas(16) ember_pack { unsigned int w[4]; };
+EMBER_DEV float ember_pack_dot_bf16(ember_pack a, ember_pack b) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        s += ember_b2f((unsigned short)(a.w[j] & 0xffffu)) * ember_b2f((unsigned short)(b.w[j] & 0xffffu));
+        s += ember_b2f((unsigned short)(a.w[j] >> 16)) * ember_b2f((unsigned short)(b.w[j] >> 16));
+    }
+    return s;
+}
+EMBER_DEV float ember_pack_dot_f16(ember_pack a, ember_pack b) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        s += ember_h2f((unsigned short)(a.w[j] & 0xffffu)) * ember_h2f((unsigned short)(b.w[j] & 0xffffu));
+        s += ember_h2f((unsigned short)(a.w[j] >> 16)) * ember_h2f((unsigned short)(b.w[j] >> 16));
+    }
+    return s;
+}
+EMBER_DEV float ember_pack_dot_f32(ember_pack a, ember_pack b) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) s += ember_bits_f(a.w[j]) * ember_bits_f(b.w[j]);
+    return s;
+}
 
 // ---- warp-wide reductions (blockDim.x a multiple of 32) ----
 // `combine` over the 32 lanes of each warp, the result in every lane. On the GPU a

@@ -2,17 +2,38 @@
 //! choice beside cuBLASLt): a decode step multiplies one row by each `[N, K]` weight, and
 //! a warp's lanes taking every 32nd term of a sum read the weight's rows in whole cache
 //! lines, with as many warps in flight as outputs.
+//!
+//! When both operands lie in memory with the sum's axis contiguous (a row times a
+//! transposed weight) and are 16-byte aligned, each lane loads 16 bytes a time (8 bf16):
+//! a warp then has 512 bytes of a weight row in flight per step instead of 64, which is
+//! what reading weights near the memory's bandwidth takes.
 
 use ember_core::dim::{numel, Dim};
+use ember_core::dtype::DType;
+use ember_core::ir::{Graph, Op};
 
-use super::super::types::{accumulate_type, store};
-use super::{product_term, Body, CodegenError, Generator, StepKind};
+use super::super::types::accumulate_type;
+use super::{product_term, write_product, Body, CodegenError, Generator, StepKind};
 use crate::codegen::Launch;
+
+/// The memory a product's operands are read from in packed steps: `a`'s rows and `b`'s
+/// columns are contiguous rows of `K` elements of these nodes.
+struct PackedRows {
+    a: usize,
+    b: usize,
+    /// Elements per 16-byte pack, and the prelude's function summing a pack pair.
+    per_pack: usize,
+    pack_dot: &'static str,
+}
 
 impl Generator<'_> {
     /// The loop over outputs steps a block at a time, so every thread of a block meets
     /// every `ember_warp_reduce` (the emulator's stands in for shuffles with a barrier).
-    pub(super) fn warp_dot(&mut self, id: usize) -> Result<StepKind, CodegenError> {
+    pub(super) fn warp_dot(
+        &mut self,
+        id: usize,
+        epilogue: Option<usize>,
+    ) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
         let dtype = n.ty.dtype;
@@ -21,29 +42,100 @@ impl Generator<'_> {
         let ash = g.nodes[a].ty.shape.clone();
         let out = n.ty.shape.clone();
         let r = out.len();
-        let mut e = self.emitter(None);
+        let packed = packed_rows(g, self.in_memory, id);
+        let mut e = self.emitter(epilogue);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
         e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
         e.line("const i64 lane = threadIdx.x & 31;");
+        if let Some(p) = &packed {
+            let (pa, pb) = (e.param(p.a), e.param(p.b));
+            e.line(format!("const i64 N = {};", e.dim(&out[r - 1])));
+            e.line(format!("const i64 MN = {};", e.dims.product(&out[r - 2..])));
+            // Caller's tensors may start anywhere; the arena and weights are aligned.
+            e.line(format!(
+                "const bool packed = K % {} == 0 && (((unsigned long long){pa} | (unsigned long long){pb}) & 15) == 0;",
+                p.per_pack
+            ));
+        }
         e.open("for (i64 base = (i64)blockIdx.x * blockDim.x; base < n * 32; base += (i64)gridDim.x * blockDim.x)");
         e.line("const i64 i = (base + threadIdx.x) >> 5;");
         e.line(format!("{acc} s = 0;"));
         e.open("if (i < n)");
+        if let Some(p) = &packed {
+            let (pa, pb) = (e.param(p.a), e.param(p.b));
+            e.open("if (packed)");
+            // Output `i` is row `i / N` of `a` (batch and row) times row `(batch, i % N)`
+            // of `b`'s memory.
+            e.line(format!(
+                "const ember_pack* ra = (const ember_pack*)({pa} + (i / N) * K);"
+            ));
+            e.line(format!(
+                "const ember_pack* rb = (const ember_pack*)({pb} + ((i / MN) * N + i % N) * K);"
+            ));
+            e.line("#pragma unroll 4");
+            e.line(format!(
+                "for (i64 k = lane; k < K / {}; k += 32) s += {}(ra[k], rb[k]);",
+                p.per_pack, p.pack_dot
+            ));
+            e.close();
+            e.open("else");
+        }
         let oidx = e.unravel("i", &out);
         e.line("#pragma unroll 4");
         e.open("for (i64 k = lane; k < K; k += 32)");
         product_term(&mut e, (a, b), &oidx, acc)?;
         e.close();
+        if packed.is_some() {
+            e.close();
+        }
         e.close();
         e.line("s = ember_warp_reduce(s, smem, EmberSum());");
-        e.line(format!(
-            "if (i < n && lane == 0) out[i] = {};",
-            store(dtype, "s")
-        ));
+        e.open("if (i < n && lane == 0)");
+        write_product(&mut e, id, epilogue)?;
+        e.close();
         e.close();
         let body = Body::of(e, true);
         let threads = numel(&out) * Dim::from(32usize);
-        Ok(self.add(id, body, Launch::Elements(threads)))
+        Ok(self.add(epilogue.unwrap_or(id), body, Launch::Elements(threads)))
+    }
+}
+
+/// Whether product `id` can sum packed rows: `a` is (through reshapes) a node in memory,
+/// `b` the transpose of one (a `[.., N, K]` weight), batch dims equal, a dtype with a pack
+/// sum.
+fn packed_rows(g: &Graph, in_memory: &[bool], id: usize) -> Option<PackedRows> {
+    let n = &g.nodes[id];
+    let (per_pack, pack_dot) = match n.ty.dtype {
+        DType::BF16 => (8, "ember_pack_dot_bf16"),
+        DType::F16 => (8, "ember_pack_dot_f16"),
+        DType::F32 => (4, "ember_pack_dot_f32"),
+        _ => return None,
+    };
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    let (ash, bsh) = (&g.nodes[a].ty.shape, &g.nodes[b].ty.shape);
+    let r = ash.len();
+    if bsh[..r - 2] != ash[..r - 2] || !super::super::swaps_last_two(&g.nodes[b].op) {
+        return None;
+    }
+    Some(PackedRows {
+        a: stored_in_order(g, in_memory, a)?,
+        b: stored_in_order(g, in_memory, g.nodes[b].inputs[0])?,
+        per_pack,
+        pack_dot,
+    })
+}
+
+/// The node in memory holding `x`'s elements in `x`'s row-major order: `x` itself, or
+/// what a chain of reshapes of it starts from.
+fn stored_in_order(g: &Graph, in_memory: &[bool], mut x: usize) -> Option<usize> {
+    loop {
+        if in_memory[x] {
+            return Some(x);
+        }
+        match g.nodes[x].op {
+            Op::Reshape { .. } => x = g.nodes[x].inputs[0],
+            _ => return None,
+        }
     }
 }
