@@ -390,3 +390,70 @@ fn a_gated_mlp_takes_three_product_kernels_and_no_other() {
         }
     }
 }
+
+#[test]
+fn a_permute_that_keeps_the_order_is_read_in_place() {
+    // Decode attention's output `[1, H, 1, E]` → `[1, 1, H, E]` → `[1, H·E]` rows: the
+    // same bytes, so the product reads the input itself (no copy step, packed loads).
+    let dtype = DType::BF16;
+    let mut g = Graph::new();
+    let heads = g
+        .add_source(
+            Op::Input { index: 0 },
+            TensorType::new(dtype, dims(&[1, 4, 1, 8])),
+            "attn",
+        )
+        .unwrap();
+    let w = g
+        .add_source(
+            Op::Weight { name: "w".into() },
+            TensorType::new(dtype, dims(&[24, 32])),
+            "w",
+        )
+        .unwrap();
+    let p = g
+        .add(
+            Op::Permute {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[heads],
+            "perm",
+        )
+        .unwrap();
+    let rows = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 32]),
+            },
+            &[p],
+            "rows",
+        )
+        .unwrap();
+    let wt = g
+        .add(Op::Permute { perm: vec![1, 0] }, &[w], "w_t")
+        .unwrap();
+    let y = g.add(Op::Dot, &[rows, wt], "o_proj").unwrap();
+    g.outputs = vec![y];
+    let mut weights = Weights::new();
+    let wv = Value::from_f64(dtype, vec![24, 32], values(24 * 32, 1));
+    weights.insert(
+        "w".into(),
+        HostTensor::owned(dtype, vec![24, 32], wv.to_bytes()).unwrap(),
+    );
+    let xv = Value::from_f64(dtype, vec![1, 4, 1, 8], values(32, 9));
+    let want = interp::run(&g, &weights, std::slice::from_ref(&xv))
+        .unwrap()
+        .remove(0);
+    for kernel in [KERNEL_WARP_DOT, KERNEL_THREAD_DOT] {
+        let kp = generate(&ember_cuda::with_choice(&g, kernel).unwrap()).unwrap();
+        assert_eq!(kp.steps.len(), 1, "{kernel}: {:?}", kp.steps);
+        if kernel == KERNEL_WARP_DOT {
+            assert!(kp.source.contains("ember_pack_dot_bf16"), "{kernel}");
+        }
+        let got = run_choice(&g, &weights, std::slice::from_ref(&xv), kernel, true);
+        check(&format!("{kernel} permuted rows"), &got, &want);
+    }
+    // cuBLASLt reads the input in place too.
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 1, "gemm: {:?}", kp.steps);
+}

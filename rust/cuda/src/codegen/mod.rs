@@ -575,17 +575,46 @@ fn operand_in_memory(g: &Graph, mem: &mut [Mem], x: usize) -> (usize, bool) {
     (x, false)
 }
 
-/// The node in memory that `x` is, directly or through reshapes (which keep a contiguous
-/// layout, so the product reads the same bytes), if any.
-fn in_memory_through_reshape(g: &Graph, mem: &[Mem], mut x: usize) -> Option<usize> {
+/// The node in memory that `x` is, directly or through views that keep the row-major
+/// order of its elements (so a product reads the same bytes), if any.
+fn in_memory_through_reshape(g: &Graph, mem: &[Mem], x: usize) -> Option<usize> {
+    stored_in_order(g, x, |n| mem[n] != Mem::Inline)
+}
+
+/// The node `is_stored` holds whose row-major elements are `x`'s in `x`'s row-major order:
+/// `x` itself, or what a chain of order-keeping views of it starts from.
+pub(crate) fn stored_in_order(
+    g: &Graph,
+    mut x: usize,
+    is_stored: impl Fn(usize) -> bool,
+) -> Option<usize> {
     loop {
-        match mem[x] {
-            Mem::Input(_) | Mem::Weight | Mem::Buffer => return Some(x),
-            Mem::Inline => match g.nodes[x].op {
-                Op::Reshape { .. } => x = g.nodes[x].inputs[0],
-                _ => return None,
-            },
+        if is_stored(x) {
+            return Some(x);
         }
+        if !keeps_order(g, x) {
+            return None;
+        }
+        x = g.nodes[x].inputs[0];
+    }
+}
+
+/// Views whose elements, in row-major order, are their input's in row-major order: a
+/// reshape, and a permute that moves only axes of size 1 (a decode step's attention
+/// output `[1, H, 1, E]` → `[1, 1, H, E]`).
+fn keeps_order(g: &Graph, x: usize) -> bool {
+    match &g.nodes[x].op {
+        Op::Reshape { .. } => true,
+        Op::Permute { perm } => {
+            let src = &g.ty(g.nodes[x].inputs[0]).shape;
+            let moved: Vec<usize> = perm
+                .iter()
+                .copied()
+                .filter(|&p| src[p].as_const() != Some(1))
+                .collect();
+            moved.windows(2).all(|w| w[0] < w[1])
+        }
+        _ => false,
     }
 }
 

@@ -10,11 +10,11 @@
 
 use ember_core::dim::{numel, Dim};
 use ember_core::dtype::DType;
-use ember_core::ir::{Graph, Op};
+use ember_core::ir::Graph;
 
 use super::super::types::accumulate_type;
 use super::{product_term, write_product, Body, CodegenError, Generator, StepKind};
-use crate::codegen::Launch;
+use crate::codegen::{stored_in_order, Launch};
 
 /// The memory a product's operands are read from in packed steps: `a`'s rows and `b`'s
 /// columns are contiguous rows of `K` elements of these nodes.
@@ -101,9 +101,9 @@ impl Generator<'_> {
     }
 }
 
-/// Whether product `id` can sum packed rows: `a` is (through reshapes) a node in memory,
-/// `b` the transpose of one (a `[.., N, K]` weight), batch dims equal, a dtype with a pack
-/// sum.
+/// Whether product `id` can sum packed rows: `a` is (through order-keeping views) a node
+/// in memory, `b` the transpose of one (a `[.., N, K]` weight), batch dims equal, and the
+/// dtype has a pack sum.
 fn packed_rows(g: &Graph, in_memory: &[bool], id: usize) -> Option<PackedRows> {
     let n = &g.nodes[id];
     let (per_pack, pack_dot) = match n.ty.dtype {
@@ -119,23 +119,9 @@ fn packed_rows(g: &Graph, in_memory: &[bool], id: usize) -> Option<PackedRows> {
         return None;
     }
     Some(PackedRows {
-        a: stored_in_order(g, in_memory, a)?,
-        b: stored_in_order(g, in_memory, g.nodes[b].inputs[0])?,
+        a: stored_in_order(g, a, |x| in_memory[x])?,
+        b: stored_in_order(g, g.nodes[b].inputs[0], |x| in_memory[x])?,
         per_pack,
         pack_dot,
     })
-}
-
-/// The node in memory holding `x`'s elements in `x`'s row-major order: `x` itself, or
-/// what a chain of reshapes of it starts from.
-fn stored_in_order(g: &Graph, in_memory: &[bool], mut x: usize) -> Option<usize> {
-    loop {
-        if in_memory[x] {
-            return Some(x);
-        }
-        match g.nodes[x].op {
-            Op::Reshape { .. } => x = g.nodes[x].inputs[0],
-            _ => return None,
-        }
-    }
 }
