@@ -133,6 +133,26 @@ def test_models_match_eager_on_the_emulated_cuda_kernels(name):
     check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("choice", PRODUCT_CHOICES)
+@pytest.mark.parametrize("name", ["mlp", "llama", "decode"])
+def test_models_match_eager_with_every_product_kernel(name, choice, monkeypatch):
+    """Each product kernel the optimizer may choose instead of cuBLASLt, taken for every
+    product of a whole model (with the epilogues and packed loads it brings), at the GPU's
+    launch sizes."""
+    monkeypatch.setenv("EMBER_CUDA_PRODUCTS", choice)
+    monkeypatch.setenv("EMBER_EMULATE_GPU_LAUNCHES", "1")
+    (model, args) = {n: (m, a) for n, m, a in _models()}[name]
+    check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
+
+
+def test_an_unknown_forced_product_kernel_is_refused(monkeypatch):
+    monkeypatch.setenv("EMBER_CUDA_PRODUCTS", "cuda.nope")
+    (model, args) = {n: (m, a) for n, m, a in _models()}["mlp"]
+    compiled = torch.compile(model, backend="ember", options={"backend": "cuda-emu"})
+    with pytest.raises(Exception, match="no kernel choice 'cuda.nope'"):
+        compiled(*args)
+
+
 def test_out_of_range_index_on_the_generated_kernels_raises_naming_the_node():
     emb = torch.nn.Embedding(10, 4).eval()
     compiled = torch.compile(emb, backend="ember", options={"backend": "cuda-emu"})

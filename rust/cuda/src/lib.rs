@@ -44,7 +44,9 @@ pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
         _ => None,
     }) else {
         return Err(ember_core::Error::Input(format!(
-            "the CUDA backend has no kernel choice '{kernel}'"
+            "the CUDA backend has no kernel choice '{kernel}' (it has {} and {})",
+            codegen::KERNEL_WARP_DOT,
+            codegen::KERNEL_THREAD_DOT
         )));
     };
     let mut g = graph.clone();
@@ -59,6 +61,18 @@ pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
     Ok(g)
 }
 
+/// `EMBER_CUDA_PRODUCTS=cuda.warp_dot` (or `cuda.thread_dot`) takes that kernel for every
+/// product the optimizer left to cuBLASLt: to compare a choice on a GPU without the search,
+/// and to run it end to end on the emulator in tests. Unset or empty: the graph as given.
+fn forced_products(graph: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
+    match std::env::var("EMBER_CUDA_PRODUCTS") {
+        Ok(kernel) if !kernel.is_empty() => {
+            Ok(std::borrow::Cow::Owned(with_choice(graph, &kernel)?))
+        }
+        _ => Ok(std::borrow::Cow::Borrowed(graph)),
+    }
+}
+
 impl Backend for EmulatedCudaBackend {
     fn name(&self) -> &'static str {
         "cuda-emu"
@@ -69,7 +83,8 @@ impl Backend for EmulatedCudaBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
-        let kp = codegen::generate(graph)?;
+        let graph = forced_products(graph)?;
+        let kp = codegen::generate(&graph)?;
         let device = emulate::EmulatedDevice::new(&kp)?;
         Ok(Box::new(exec::Program::new(kp, device, weights)?))
     }
@@ -112,7 +127,8 @@ impl Backend for CudaBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
-        let kp = codegen::generate(graph)?;
+        let graph = forced_products(graph)?;
+        let kp = codegen::generate(&graph)?;
         let device = device::CudaDevice::new(self.gpu.clone(), &kp, self.allow_tf32)?;
         Ok(Box::new(exec::Program::new(kp, device, weights)?))
     }
