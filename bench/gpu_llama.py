@@ -13,10 +13,12 @@ the same (bf16-rounded) weights; eager's bf16 error is the yardstick.
 
 Times are medians of repeats, each timed with CUDA events around one call. Every backend
 compiles the decode step once with dynamic shapes (``torch.compile(..., dynamic=True)``),
-so one program serves every cache length. Ember runs without its measured search
-(``search_iterations=0``): the search verifies against the reference interpreter on the
-host, which would take minutes at this size. Results print as they come (a run cut short
-still leaves its rows) and go to ``--json``.
+so one program serves every cache length. Ember runs without its measured search by default
+(``--ember-search 0``): the search verifies against the reference interpreter on the
+host, which takes minutes at this size. ``ember-warp`` / ``ember-thread`` runners force a
+generated product kernel for every product instead of cuBLASLt (what the search would
+weigh). Results print as they come (a run cut short still leaves its rows) and go to
+``--json``.
 
 ``--tiny --device cpu`` runs a small config on the CPU, to check the script without a GPU.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -39,7 +42,10 @@ BILLION = LlamaConfig(
     vocab=32000, dim=2048, layers=16, heads=32, kv_heads=8, hidden=8192, max_seq=4096
 )
 TINY = LlamaConfig(vocab=512, dim=128, layers=2, heads=4, kv_heads=2, hidden=256, max_seq=512)
-RUNNERS = ("eager", "inductor", "inductor-ro", "ember")
+RUNNERS = ("eager", "inductor", "inductor-ro", "ember", "ember-warp")
+# Ember with a generated product kernel forced for every product cuBLASLt would take
+# (``EMBER_CUDA_PRODUCTS``): what the search would measure, without its minutes at 1B.
+FORCED_PRODUCTS = {"ember-warp": "cuda.warp_dot", "ember-thread": "cuda.thread_dot"}
 
 
 class Timer:
@@ -86,14 +92,36 @@ def decode_weight_bytes(model: Llama) -> int:
     return total - model.embed.weight.numel() * model.embed.weight.element_size()
 
 
-def _compiled(fn: torch.nn.Module, label: str, device: str) -> Callable:
+def _compiled(fn: torch.nn.Module, label: str, device: str, search: int = 0) -> Callable:
     if label == "eager":
         return fn
-    if label == "ember":
-        options: dict[str, Any] = {"search_iterations": 0, "quiet": True}
-        return torch.compile(fn, backend="ember", dynamic=True, options=options)
+    if label == "ember" or label in FORCED_PRODUCTS:
+        options: dict[str, Any] = {"search_iterations": search, "quiet": True}
+        compiled = torch.compile(fn, backend="ember", dynamic=True, options=options)
+        if label == "ember":
+            return compiled
+        return _with_products(compiled, FORCED_PRODUCTS[label])
     mode = "reduce-overhead" if label == "inductor-ro" else None
     return torch.compile(fn, mode=mode, dynamic=True)
+
+
+def _with_products(fn: Callable, kernel: str) -> Callable:
+    """`fn` with ``EMBER_CUDA_PRODUCTS=kernel`` while it runs: Ember reads it whenever it
+    compiles, which happens inside a call (the first, and any recompile torch asks for).
+    Setting it costs about a microsecond a call, inside the timed region."""
+
+    def call(*args: Any) -> Any:
+        before = os.environ.get("EMBER_CUDA_PRODUCTS")
+        os.environ["EMBER_CUDA_PRODUCTS"] = kernel
+        try:
+            return fn(*args)
+        finally:
+            if before is None:
+                del os.environ["EMBER_CUDA_PRODUCTS"]
+            else:
+                os.environ["EMBER_CUDA_PRODUCTS"] = before
+
+    return call
 
 
 def _error(e: Exception) -> str:
@@ -123,7 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="a small config (checks the script)")
     p.add_argument("--lengths", default="128,1024", help="KV cache lengths of the decode step")
     p.add_argument("--prompt", type=int, default=512, help="prefill prompt length (0: none)")
-    p.add_argument("--runners", default=",".join(RUNNERS))
+    p.add_argument(
+        "--runners",
+        default=",".join(RUNNERS),
+        help=f"of {', '.join(dict.fromkeys(RUNNERS + tuple(FORCED_PRODUCTS)))}",
+    )
+    p.add_argument(
+        "--ember-search",
+        type=int,
+        default=0,
+        help="Ember's search_iterations (0: none; each candidate is verified on the host)",
+    )
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None, help="also write the results here")
@@ -179,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     step32 = LlamaDecodeStep(model32).eval()
     print("\n| decode (cache length) | " + " | ".join(f"{r} ms" for r in runners) + " |")
     print("|---" * (len(runners) + 1) + "|")
-    decode_fns = {label: _compiled(step, label, device) for label in runners}
+    decode_fns = {label: _compiled(step, label, device, args.ember_search) for label in runners}
     with torch.no_grad():
         for length in lengths:
             token = torch.randint(0, cfg.vocab, (1, 1), device=device)
@@ -209,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             want = model32(ids)
             for label in runners:
-                fn = _compiled(model, label, device)
+                fn = _compiled(model, label, device, args.ember_search)
                 if _measure(row, label, lambda fn=fn: fn(ids), want, timer):
                     row[f"{label}_tokens_per_s"] = args.prompt / (row[label] * 1e-3)
                 torch._dynamo.reset()

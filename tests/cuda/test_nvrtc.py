@@ -133,16 +133,26 @@ def test_models_match_eager_on_the_emulated_cuda_kernels(name):
     check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
 
 
+ON_THE_GPU = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU"),
+    ],
+)
+
+
+@pytest.mark.parametrize("backend", ["cuda-emu", ON_THE_GPU])
 @pytest.mark.parametrize("choice", PRODUCT_CHOICES)
 @pytest.mark.parametrize("name", ["mlp", "llama", "decode"])
-def test_models_match_eager_with_every_product_kernel(name, choice, monkeypatch):
+def test_models_match_eager_with_every_product_kernel(name, choice, backend, monkeypatch):
     """Each product kernel the optimizer may choose instead of cuBLASLt, taken for every
-    product of a whole model (with the epilogues and packed loads it brings), at the GPU's
-    launch sizes."""
+    product of a whole model (with the epilogues and packed loads it brings); the emulator
+    launches as the GPU does."""
     monkeypatch.setenv("EMBER_CUDA_PRODUCTS", choice)
     monkeypatch.setenv("EMBER_EMULATE_GPU_LAUNCHES", "1")
     (model, args) = {n: (m, a) for n, m, a in _models()}[name]
-    check(model, args, "cuda-emu", rtol=1e-4, atol=1e-4)
+    check(model, args, backend, rtol=1e-4, atol=1e-4)
 
 
 def test_an_unknown_forced_product_kernel_is_refused(monkeypatch):
