@@ -233,3 +233,28 @@ fn one_query_row_per_head_splits_attention_over_the_keys_in_two_steps() {
     g.outputs = vec![out];
     assert_eq!(generate(&g).unwrap().steps.len(), 1);
 }
+
+#[test]
+fn a_decode_steps_query_is_computed_inside_its_attention() {
+    // q = rotate(x) (pointwise here: x · 2 + x): one query row per head, read once per key
+    // from cache, so no kernel of its own; with several rows it is materialized.
+    let attention = Op::Attention {
+        scale: 0.25,
+        causal: false,
+        has_mask: false,
+    };
+    for (rows, steps) in [(1, 2), (5, 2)] {
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, DType::F32, dims(&[1, 4, rows, 16]));
+        let k = input(&mut g, 1, DType::F32, dims(&[1, 4, 5, 16]));
+        let v = input(&mut g, 2, DType::F32, dims(&[1, 4, 5, 16]));
+        let twice = g.add(Op::Binary(BinaryOp::Add), &[x, x], "twice").unwrap();
+        let q = g.add(Op::Binary(BinaryOp::Add), &[twice, x], "q").unwrap();
+        let out = g.add(attention.clone(), &[q, k, v], "attn").unwrap();
+        g.outputs = vec![out];
+        let kp = generate(&g).unwrap();
+        assert_eq!(kp.steps.len(), steps, "rows {rows}: {:?}", kp.steps);
+        let q_has_a_step = kp.steps.iter().any(|st| st.node == q);
+        assert_eq!(q_has_a_step, rows > 1, "rows {rows}");
+    }
+}

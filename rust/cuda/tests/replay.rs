@@ -242,6 +242,9 @@ fn the_search_times_cuda_candidates_on_the_device() {
         iterations: 3,
         repeats: 2,
         input_shapes: Some(vec![vec![12, 8]]),
+        // Each candidate compiles its kernels with the host C++ compiler first: on a busy
+        // machine the default 3 s can end the search after the default program alone.
+        time_budget: std::time::Duration::from_secs(120),
         ..Default::default()
     };
     let done = optimize(&g, &ember_cuda::EmulatedCudaBackend, &w, &opts).unwrap();

@@ -220,6 +220,24 @@ fn inlines_compute(op: &Op) -> bool {
     )
 }
 
+/// Whether `consumer` reads each element of its input `input` only a few times, so that
+/// computing `input` inside it costs less than a launch and a round trip through memory.
+/// Besides the ops that do, a decode step's attention reads its single query row once per
+/// key from cache (broadcast across each warp): the rotary embedding of q is computed
+/// there instead of in a kernel of its own.
+fn reads_few_times(g: &Graph, consumer: usize, input: usize) -> bool {
+    let c = &g.nodes[consumer];
+    if inlines_compute(&c.op) {
+        return true;
+    }
+    let q = &g.nodes[input].ty.shape;
+    matches!(c.op, Op::Attention { .. })
+        && c.inputs[0] == input
+        && !c.inputs[1..].contains(&input)
+        && q.len() >= 2
+        && q[q.len() - 2].as_const() == Some(1)
+}
+
 fn dtype_supported(d: DType) -> bool {
     // Every dtype has a storage and compute type; listed to fail loudly if one is added.
     matches!(
@@ -325,7 +343,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 let single = cs.len() == 1
                     && cs
                         .iter()
-                        .all(|&c| !is_output[id] && inlines_compute(&g.nodes[c].op));
+                        .all(|&c| !is_output[id] && reads_few_times(g, c, id));
                 if single {
                     Mem::Inline
                 } else {
