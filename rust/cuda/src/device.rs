@@ -324,11 +324,15 @@ impl CudaDevice {
                     driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e)
                 })?;
                 let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-                let (alpha, beta): (*const c_void, *const c_void) = if c.dtype == DType::F64 {
-                    (&one64 as *const f64 as _, &zero64 as *const f64 as _)
-                } else {
-                    (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+                // β = 1 adds the addend (cuBLASLt's C, laid out as the result D), else 0.
+                let add = c.addend != 0;
+                let (alpha, beta): (*const c_void, *const c_void) = match (c.dtype, add) {
+                    (DType::F64, false) => (&one64 as *const f64 as _, &zero64 as *const f64 as _),
+                    (DType::F64, true) => (&one64 as *const f64 as _, &one64 as *const f64 as _),
+                    (_, false) => (&one32 as *const f32 as _, &zero32 as *const f32 as _),
+                    (_, true) => (&one32 as *const f32 as _, &one32 as *const f32 as _),
                 };
+                let c_matrix = if add { c.addend } else { c.c };
                 lt::matmul(
                     self.gpu.blas,
                     desc,
@@ -338,7 +342,7 @@ impl CudaDevice {
                     la,
                     c.a as *const c_void,
                     lb,
-                    c.c as *const c_void,
+                    c_matrix as *const c_void,
                     lc,
                     c.c as *mut c_void,
                     lc,

@@ -314,6 +314,10 @@ impl Device for EmulatedDevice {
                         // cuBLASLt's epilogue: added to the f32 accumulator, rounded once.
                         s += read_f(c.dtype, c.bias, j);
                     }
+                    if c.addend != 0 {
+                        // cuBLASLt's β·C, likewise.
+                        s += read_f(c.dtype, c.addend, cb + i * n + j);
+                    }
                     write_f(c.dtype, c.c, cb + i * n + j, s);
                 }
             }

@@ -41,6 +41,8 @@ pub struct GemmCall {
     pub dtype: ember_core::dtype::DType,
     /// A vector of `n` values (of `dtype`) added to every row of `c`; 0 for none.
     pub bias: u64,
+    /// A matrix shaped as `c` (of `dtype`) added to it (cuBLASLt's C with β = 1); 0 for none.
+    pub addend: u64,
 }
 
 /// One piece of a run's device work, in order: what a recording holds.
@@ -382,6 +384,7 @@ impl<D: Device> Program<D> {
                         k: ev(&gm.k)?,
                         dtype: gm.dtype,
                         bias: gm.bias.map(addr_of).transpose()?.unwrap_or(0),
+                        addend: gm.residual.map(addr_of).transpose()?.unwrap_or(0),
                     };
                     if call.batch * call.m * call.n > 0 {
                         work.push(Work::Gemm(call));

@@ -258,3 +258,77 @@ fn a_decode_steps_query_is_computed_inside_its_attention() {
         assert_eq!(q_has_a_step, rows > 1, "rows {rows}");
     }
 }
+
+#[test]
+fn a_residual_add_after_a_product_is_cublaslts_c_matrix() {
+    // x + reshape(h · wᵀ + b): the exported shape of a transformer's residual connection.
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[1, 4, 16]));
+    let h = input(&mut g, 1, DType::F32, dims(&[4, 8]));
+    let w = weight(&mut g, "w", &[16, 8]);
+    let b = weight(&mut g, "b", &[16]);
+    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+    let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
+    let b1 = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 16]),
+            },
+            &[b],
+            "b1",
+        )
+        .unwrap();
+    let bb = g
+        .add(
+            Op::Expand {
+                shape: dims(&[4, 16]),
+            },
+            &[b1],
+            "bb",
+        )
+        .unwrap();
+    let yb = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "bias").unwrap();
+    let y3 = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 4, 16]),
+            },
+            &[yb],
+            "rows",
+        )
+        .unwrap();
+    let out = g
+        .add(Op::Binary(BinaryOp::Add), &[x, y3], "residual")
+        .unwrap();
+    g.outputs = vec![out];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 1, "{:?}", kp.steps);
+    let StepKind::Gemm(gm) = &kp.steps[0].kind else {
+        panic!("not a gemm: {:?}", kp.steps[0]);
+    };
+    assert_eq!((gm.a, gm.b, gm.bias, gm.residual), (h, w, Some(b), Some(x)));
+    assert_eq!(kp.steps[0].node, out);
+    assert!(kp.kernels.is_empty());
+
+    // A product read twice keeps its own step: the add is a kernel.
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[4, 16]));
+    let h = input(&mut g, 1, DType::F32, dims(&[4, 8]));
+    let w = weight(&mut g, "w", &[16, 8]);
+    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+    let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
+    let sum = g
+        .add(Op::Binary(BinaryOp::Add), &[x, y], "residual")
+        .unwrap();
+    g.outputs = vec![sum, y];
+    let kp = generate(&g).unwrap();
+    let residuals: Vec<_> = kp
+        .steps
+        .iter()
+        .filter_map(|st| match &st.kind {
+            StepKind::Gemm(gm) => Some(gm.residual),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(residuals, vec![None], "{:?}", kp.steps);
+}

@@ -93,6 +93,9 @@ pub struct Gemm {
     /// A vector of `n` values added to every row as the product is written (cuBLASLt's
     /// bias epilogue): the `+ bias` of a linear layer, folded into its product.
     pub bias: Option<usize>,
+    /// A tensor of the product's shape added as it is written (cuBLASLt's C, β = 1): a
+    /// residual connection's `x + linear(h)`.
+    pub residual: Option<usize>,
 }
 
 impl Gemm {
@@ -100,6 +103,7 @@ impl Gemm {
     pub fn reads(&self) -> Vec<usize> {
         let mut r = vec![self.a, self.b];
         r.extend(self.bias);
+        r.extend(self.residual);
         r
     }
 }
@@ -414,6 +418,26 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         gemm_operands.remove(&d);
     }
 
+    // `product + r` (through reshapes of the product), `r` a tensor of the sum's shape in
+    // memory — a residual connection: cuBLASLt adds `r` as its C matrix (β = 1) while it
+    // writes the sum, so the add takes no kernel of its own.
+    let mut residual_of: HashMap<usize, (usize, usize)> = HashMap::new(); // add → (dot, r)
+    let products: Vec<usize> = gemm_operands.keys().copied().collect();
+    for p in products {
+        let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) else {
+            continue;
+        };
+        let dot = bias_of.get(&p).map_or(p, |&(d, _)| d);
+        residual_of.insert(add, (dot, r));
+        if let Some(entry) = bias_of.remove(&p) {
+            bias_of.insert(add, entry);
+        }
+        mem[p] = Mem::Inline;
+        mem[add] = Mem::Buffer;
+        let ops = gemm_operands.remove(&p).expect("a product");
+        gemm_operands.insert(add, ops);
+    }
+
     // A product computed by a generated kernel (the optimizer's CUDA choices, integer
     // products) applies the elementwise chain consuming it as it writes: a residual add, a
     // gated MLP's `silu(gate) * up`, an activation. The product and the chain then need no
@@ -470,9 +494,11 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             continue;
         }
         let kind = if let Some(&[(a, ta), (b, tb)]) = gemm_operands.get(&id) {
-            let (dot, bias) = match bias_of.get(&id) {
-                Some(&(d, b)) => (&g.nodes[d], Some(b)),
-                None => (n, None),
+            let bias = bias_of.get(&id).map(|&(_, b)| b);
+            let residual = residual_of.get(&id).map(|&(_, r)| r);
+            let dot = match (bias_of.get(&id), residual_of.get(&id)) {
+                (Some(&(d, _)), _) | (None, Some(&(d, _))) => &g.nodes[d],
+                (None, None) => n,
             };
             let (ash, bsh) = (
                 &g.nodes[dot.inputs[0]].ty.shape,
@@ -490,6 +516,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 n: bsh[r - 1].clone(),
                 dtype: n.ty.dtype,
                 bias,
+                residual,
             })
         } else if let Some(&product) = epilogue_of.get(&id) {
             gen.product_kernel(product, Some(id))?
@@ -522,6 +549,41 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         source,
         steps,
     })
+}
+
+/// The add that sums product `p` (through reshapes of it, each its one consumer) with a
+/// tensor in memory, and that tensor's node, if `p` flows into one. The add and the
+/// product share a dtype, and the tensor's row-major order is the sum's, as cuBLASLt's C.
+fn residual_add(
+    g: &Graph,
+    mem: &[Mem],
+    consumers: &[BTreeSet<usize>],
+    is_output: &[bool],
+    p: usize,
+) -> Option<(usize, usize)> {
+    let mut link = p;
+    loop {
+        if is_output[link] || consumers[link].len() != 1 {
+            return None;
+        }
+        let &next = consumers[link].first()?;
+        let n = &g.nodes[next];
+        match n.op {
+            Op::Reshape { .. } => link = next,
+            Op::Binary(ember_core::ir::BinaryOp::Add) => {
+                let other = if n.inputs[0] == link {
+                    n.inputs[1]
+                } else {
+                    n.inputs[0]
+                };
+                if other == link || n.ty.dtype != g.nodes[p].ty.dtype {
+                    return None;
+                }
+                return Some((next, in_memory_through_reshape(g, mem, other)?));
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// A matrix product a generated kernel computes (not cuBLASLt).
