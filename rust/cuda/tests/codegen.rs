@@ -332,3 +332,31 @@ fn a_residual_add_after_a_product_is_cublaslts_c_matrix() {
         .collect();
     assert_eq!(residuals, vec![None], "{:?}", kp.steps);
 }
+
+#[test]
+fn a_product_returned_through_a_reshape_is_written_in_place() {
+    // logits = reshape(h · wᵀ): the step writes the caller's output, no copy after it.
+    let mut g = Graph::new();
+    let h = input(&mut g, 0, DType::F32, dims(&[1, 8]));
+    let w = weight(&mut g, "w", &[16, 8]);
+    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+    let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
+    let out = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 1, 16]),
+            },
+            &[y],
+            "logits",
+        )
+        .unwrap();
+    g.outputs = vec![out];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 1, "{:?}", kp.steps);
+    assert!(matches!(kp.steps[0].kind, StepKind::Gemm(_)));
+    assert!(matches!(
+        kp.steps[0].dest,
+        ember_cuda::codegen::Dest::Output(0)
+    ));
+    assert_eq!(kp.mem[y], Mem::Inline);
+}

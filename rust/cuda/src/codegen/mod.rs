@@ -364,78 +364,49 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     // it reads each operand element once per output row or column, so recomputing an
     // operand (a gated MLP's `silu(gate) * up` under a reshape) would multiply its work,
     // and rows in memory are what its packed loads read.
-    let mut gemm_operands: HashMap<usize, [(usize, bool); 2]> = HashMap::new();
+    let mut gemms: HashMap<usize, GemmPlan> = HashMap::new(); // by the node its step writes
     for (id, n) in g.nodes.iter().enumerate() {
         let gemm = matches!(n.op, Op::Dot) && gemm_dtype(n.ty.dtype);
         if !gemm && !is_generated_product(g, id) {
             continue;
         }
-        let mut ops = [(0, false); 2];
+        let mut operands = [(0, false); 2];
         for (k, &x) in n.inputs.iter().enumerate() {
-            ops[k] = operand_in_memory(g, &mut mem, x);
+            operands[k] = operand_in_memory(g, &mut mem, x);
         }
         if gemm {
-            gemm_operands.insert(id, ops);
+            let plan = GemmPlan {
+                operands,
+                dot: id,
+                bias: None,
+                residual: None,
+            };
+            gemms.insert(id, plan);
         }
     }
-
-    // `dot + bias` where the bias is a vector broadcast along the rows: the product's step
-    // adds it as it writes (the dot and the add then need no memory of their own).
-    let mut bias_of: HashMap<usize, (usize, usize)> = HashMap::new(); // add → (dot, bias)
-    for &d in gemm_operands.keys() {
-        let (Some(&add), 1) = (consumers[d].first(), consumers[d].len()) else {
+    // What a cuBLASLt step writes as it goes, each moving the step to a later node (the
+    // nodes in between then need no memory): `dot + bias` with a vector broadcast along the
+    // rows (the bias epilogue); `+ r` with `r` in memory (C with β = 1: a residual
+    // connection); and the end of a chain of reshapes that is in memory (an output).
+    let at: Vec<usize> = gemms.keys().copied().collect();
+    for d in at {
+        let Some(b) = bias_add(g, &mem, &consumers, &is_output, d) else {
             continue;
         };
-        if is_output[d] {
-            continue;
-        }
-        let an = &g.nodes[add];
-        let dtype = g.nodes[d].ty.dtype;
-        // cuBLASLt's bias epilogue serves f32/f16/bf16 products (not f64 ones).
-        if an.op != Op::Binary(ember_core::ir::BinaryOp::Add)
-            || an.ty.dtype != dtype
-            || dtype == DType::F64
-        {
-            continue;
-        }
-        let other = if an.inputs[0] == d {
-            an.inputs[1]
-        } else {
-            an.inputs[0]
-        };
-        if other == d {
-            continue;
-        }
-        if let Some(b) = row_bias(g, &mem, other, &g.nodes[d].ty.shape) {
-            bias_of.insert(add, (d, b));
+        let (add, bias) = b;
+        move_gemm(&mut gemms, &mut mem, d, add).bias = Some(bias);
+    }
+    let at: Vec<usize> = gemms.keys().copied().collect();
+    for p in at {
+        if let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) {
+            move_gemm(&mut gemms, &mut mem, p, add).residual = Some(r);
         }
     }
-    for (&add, &(d, _)) in &bias_of {
-        mem[d] = Mem::Inline;
-        mem[add] = Mem::Buffer;
-        let ops = gemm_operands[&d];
-        gemm_operands.insert(add, ops);
-        gemm_operands.remove(&d);
-    }
-
-    // `product + r` (through reshapes of the product), `r` a tensor of the sum's shape in
-    // memory — a residual connection: cuBLASLt adds `r` as its C matrix (β = 1) while it
-    // writes the sum, so the add takes no kernel of its own.
-    let mut residual_of: HashMap<usize, (usize, usize)> = HashMap::new(); // add → (dot, r)
-    let products: Vec<usize> = gemm_operands.keys().copied().collect();
-    for p in products {
-        let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) else {
-            continue;
-        };
-        let dot = bias_of.get(&p).map_or(p, |&(d, _)| d);
-        residual_of.insert(add, (dot, r));
-        if let Some(entry) = bias_of.remove(&p) {
-            bias_of.insert(add, entry);
+    let at: Vec<usize> = gemms.keys().copied().collect();
+    for p in at {
+        if let Some(end) = stored_reshape(&mem, g, &consumers, &is_output, p) {
+            move_gemm(&mut gemms, &mut mem, p, end);
         }
-        mem[p] = Mem::Inline;
-        mem[add] = Mem::Buffer;
-        let ops = gemm_operands.remove(&p).expect("a product");
-        gemm_operands.insert(add, ops);
     }
 
     // A product computed by a generated kernel (the optimizer's CUDA choices, integer
@@ -493,13 +464,9 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             }
             continue;
         }
-        let kind = if let Some(&[(a, ta), (b, tb)]) = gemm_operands.get(&id) {
-            let bias = bias_of.get(&id).map(|&(_, b)| b);
-            let residual = residual_of.get(&id).map(|&(_, r)| r);
-            let dot = match (bias_of.get(&id), residual_of.get(&id)) {
-                (Some(&(d, _)), _) | (None, Some(&(d, _))) => &g.nodes[d],
-                (None, None) => n,
-            };
+        let kind = if let Some(plan) = gemms.get(&id) {
+            let dot = &g.nodes[plan.dot];
+            let [(a, trans_a), (b, trans_b)] = plan.operands;
             let (ash, bsh) = (
                 &g.nodes[dot.inputs[0]].ty.shape,
                 &g.nodes[dot.inputs[1]].ty.shape,
@@ -508,15 +475,15 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             StepKind::Gemm(Gemm {
                 a,
                 b,
-                trans_a: ta,
-                trans_b: tb,
+                trans_a,
+                trans_b,
                 batch: ember_core::dim::numel(&ash[..r - 2]),
                 m: ash[r - 2].clone(),
                 k: ash[r - 1].clone(),
                 n: bsh[r - 1].clone(),
-                dtype: n.ty.dtype,
-                bias,
-                residual,
+                dtype: dot.ty.dtype,
+                bias: plan.bias,
+                residual: plan.residual,
             })
         } else if let Some(&product) = epilogue_of.get(&id) {
             gen.product_kernel(product, Some(id))?
@@ -549,6 +516,87 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         source,
         steps,
     })
+}
+
+/// A cuBLASLt product and what its step adds as it writes.
+struct GemmPlan {
+    /// The nodes in memory it multiplies, and whether each holds its operand transposed.
+    operands: [(usize, bool); 2],
+    dot: usize,
+    bias: Option<usize>,
+    residual: Option<usize>,
+}
+
+/// Moves the product whose step writes `from` to write `to` instead (`from` is then
+/// recomputed nowhere: it is a value inside the step); the plan, to add to.
+fn move_gemm<'p>(
+    gemms: &'p mut HashMap<usize, GemmPlan>,
+    mem: &mut [Mem],
+    from: usize,
+    to: usize,
+) -> &'p mut GemmPlan {
+    let plan = gemms.remove(&from).expect("a product's step");
+    mem[from] = Mem::Inline;
+    mem[to] = Mem::Buffer;
+    gemms.entry(to).or_insert(plan)
+}
+
+/// `p + bias` with the bias a vector broadcast along the rows of product `p`, its one
+/// consumer: the add and the bias vector's node in memory.
+fn bias_add(
+    g: &Graph,
+    mem: &[Mem],
+    consumers: &[BTreeSet<usize>],
+    is_output: &[bool],
+    p: usize,
+) -> Option<(usize, usize)> {
+    if is_output[p] || consumers[p].len() != 1 {
+        return None;
+    }
+    let &add = consumers[p].first()?;
+    let an = &g.nodes[add];
+    let dtype = g.nodes[p].ty.dtype;
+    // cuBLASLt's bias epilogue serves f32/f16/bf16 products (not f64 ones).
+    if an.op != Op::Binary(ember_core::ir::BinaryOp::Add)
+        || an.ty.dtype != dtype
+        || dtype == DType::F64
+    {
+        return None;
+    }
+    let other = if an.inputs[0] == p {
+        an.inputs[1]
+    } else {
+        an.inputs[0]
+    };
+    if other == p {
+        return None;
+    }
+    Some((add, row_bias(g, mem, other, &g.nodes[p].ty.shape)?))
+}
+
+/// The last of a chain of reshapes of `p` (each the one consumer of the one before), when
+/// it is in memory: the same bytes as `p`, so `p`'s step can write it directly.
+fn stored_reshape(
+    mem: &[Mem],
+    g: &Graph,
+    consumers: &[BTreeSet<usize>],
+    is_output: &[bool],
+    p: usize,
+) -> Option<usize> {
+    let mut link = p;
+    loop {
+        if link != p && mem[link] == Mem::Buffer {
+            return Some(link);
+        }
+        if is_output[link] || consumers[link].len() != 1 {
+            return None;
+        }
+        let &next = consumers[link].first()?;
+        if !matches!(g.nodes[next].op, Op::Reshape { .. }) {
+            return None;
+        }
+        link = next;
+    }
 }
 
 /// The add that sums product `p` (through reshapes of it, each its one consumer) with a
