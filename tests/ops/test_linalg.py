@@ -79,6 +79,22 @@ def test_linear_packed_weight_shapes(rows, cin, cout, backend):
     check(layer, [rand(rows, cin)], backend, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_residual_connections_around_a_linear_layer(bias, dtype, backend):
+    # x + linear(h) as a transformer writes it ([1, rows, d] activations; the CUDA backend
+    # adds x as cuBLASLt's C), and the reshaped product returned as well.
+    layer = torch.nn.Linear(48, 32, bias=bias).to(dtype)
+
+    def fn(x, h):
+        y = layer(h.reshape(-1, 48)).reshape(1, -1, 32)
+        return x + y, layer(h)
+
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else TOL
+    args = [rand(1, 5, 32, dtype=dtype), rand(1, 5, 48, dtype=dtype)]
+    check(fn, args, backend, **tol)
+
+
 def test_linear_on_a_transposed_input(backend):
     layer = torch.nn.Linear(300, 40)
     check(lambda x: layer(x.t()), [rand(300, 7)], backend, rtol=1e-5, atol=1e-4)
