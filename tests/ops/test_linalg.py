@@ -95,6 +95,13 @@ def test_residual_connections_around_a_linear_layer(bias, dtype, backend):
     check(fn, args, backend, **tol)
 
 
+def test_sum_of_two_linear_layers(backend):
+    # Either product could take the other as cuBLASLt's C; exactly one may.
+    w1, w2, b = rand(24, 16), rand(24, 12), rand(24)
+    fn = lambda x, y: F.linear(x, w1) + F.linear(y, w2, b)  # noqa: E731
+    check(fn, [rand(5, 16), rand(5, 12)], backend, **TOL)
+
+
 def test_linear_on_a_transposed_input(backend):
     layer = torch.nn.Linear(300, 40)
     check(lambda x: layer(x.t()), [rand(300, 7)], backend, rtol=1e-5, atol=1e-4)

@@ -360,3 +360,42 @@ fn a_product_returned_through_a_reshape_is_written_in_place() {
     ));
     assert_eq!(kp.mem[y], Mem::Inline);
 }
+
+#[test]
+fn a_sum_of_two_products_keeps_one_of_them_in_memory() {
+    // x·w1ᵀ + y·w2ᵀ: one product adds the other as its C, so the other is stored — also
+    // when that other is a generated kernel (whose epilogue would end at the same add).
+    for generated in [false, true] {
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, DType::F32, dims(&[3, 8]));
+        let y = input(&mut g, 1, DType::F32, dims(&[3, 8]));
+        let w1 = weight(&mut g, "w1", &[16, 8]);
+        let w2 = weight(&mut g, "w2", &[16, 8]);
+        let t1 = g
+            .add(Op::Permute { perm: vec![1, 0] }, &[w1], "t1")
+            .unwrap();
+        let t2 = g
+            .add(Op::Permute { perm: vec![1, 0] }, &[w2], "t2")
+            .unwrap();
+        let p1 = g.add(Op::Dot, &[x, t1], "p1").unwrap();
+        let p2 = g.add(Op::Dot, &[y, t2], "p2").unwrap();
+        if generated {
+            g.nodes[p2].op = Op::Kernel {
+                name: ember_cuda::codegen::KERNEL_WARP_DOT.into(),
+                base: Box::new(Op::Dot),
+            };
+        }
+        let sum = g.add(Op::Binary(BinaryOp::Add), &[p1, p2], "sum").unwrap();
+        g.outputs = vec![sum];
+        let kp = generate(&g).unwrap();
+        assert_eq!(kp.steps.len(), 2, "generated {generated}: {:?}", kp.steps);
+        for st in &kp.steps {
+            if let StepKind::Gemm(gm) = &st.kind {
+                if let Some(r) = gm.residual {
+                    assert_ne!(kp.mem[r], Mem::Inline, "C is in memory: {:?}", kp.steps);
+                }
+            }
+        }
+        assert_eq!(kp.steps[1].node, sum, "{:?}", kp.steps);
+    }
+}

@@ -397,13 +397,24 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         move_gemm(&mut gemms, &mut mem, d, add).bias = Some(bias);
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
+    // A product another one adds as its C stays where it is (`x·w + y·v`: the first
+    // product seen takes the second as C; the second must not move into the same add).
+    let mut pinned = BTreeSet::new();
     for p in at {
-        if let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) {
-            move_gemm(&mut gemms, &mut mem, p, add).residual = Some(r);
+        if pinned.contains(&p) {
+            continue;
         }
+        let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) else {
+            continue;
+        };
+        pinned.insert(r);
+        move_gemm(&mut gemms, &mut mem, p, add).residual = Some(r);
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
     for p in at {
+        if pinned.contains(&p) {
+            continue;
+        }
         if let Some(end) = stored_reshape(&mem, g, &consumers, &is_output, p) {
             move_gemm(&mut gemms, &mut mem, p, end);
         }
@@ -419,8 +430,10 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             continue;
         }
         let root = epilogue_root(g, &mem, &consumers, &is_output, id);
-        // One product per chain (of `silu(gate) * up`, `gate` takes it; `up` is stored).
-        if let Some(root) = root.filter(|r| !epilogue_of.contains_key(r)) {
+        // One product per chain (of `silu(gate) * up`, `gate` takes it; `up` is stored),
+        // and none ending where a cuBLASLt step writes (it may read this product as C).
+        let free = |r: &usize| !epilogue_of.contains_key(r) && !gemms.contains_key(r);
+        if let Some(root) = root.filter(free) {
             mem[id] = Mem::Inline;
             epilogue_of.insert(root, id);
         }
