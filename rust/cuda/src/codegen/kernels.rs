@@ -329,25 +329,27 @@ impl<'a> Generator<'a> {
                 dilation,
                 ..
             } => self.pool(id, *kind, kernel, stride, padding, dilation),
-            Op::Dot | Op::Kernel { .. } => self.product_kernel(id, None),
+            Op::Dot | Op::Kernel { .. } => self.product_kernel(&[id], None),
             _ => self.elementwise(id, Some(id)),
         }
     }
 
-    /// The generated kernel of matrix product `id`, writing its value or, with `epilogue`,
-    /// that of the pointwise chain from the product up to `epilogue` (`generate` checks the
-    /// chain reads the product only at the output's own index).
+    /// The generated kernel of matrix product `products[0]`, writing its value or, with
+    /// `epilogue`, that of the pointwise chain from the product up to `epilogue` (`generate`
+    /// checks the chain reads the product only at the output's own index). The chain's
+    /// other products of the same shape (`products[1..]`: a gated MLP's `up` beside its
+    /// `gate`) are summed alongside, by the same threads in the same loop.
     pub fn product_kernel(
         &mut self,
-        id: usize,
+        products: &[usize],
         epilogue: Option<usize>,
     ) -> Result<StepKind, CodegenError> {
-        match &self.g.nodes[id].op {
+        match &self.g.nodes[products[0]].op {
             // `generate` admits only the CUDA choices for products.
             Op::Kernel { name, .. } if name == super::KERNEL_WARP_DOT => {
-                self.warp_dot(id, epilogue)
+                self.warp_dot(products, epilogue)
             }
-            _ => self.dot(id, epilogue),
+            _ => self.dot(products, epilogue),
         }
     }
 
@@ -1034,13 +1036,16 @@ impl<'a> Generator<'a> {
 
     /// Matrix product with one thread per output element: for dtypes cuBLASLt does not
     /// take (integers), and the optimizer's `cuda.thread_dot` choice.
-    fn dot(&mut self, id: usize, epilogue: Option<usize>) -> Result<StepKind, CodegenError> {
+    fn dot(
+        &mut self,
+        products: &[usize],
+        epilogue: Option<usize>,
+    ) -> Result<StepKind, CodegenError> {
         let g = self.g;
+        let id = products[0];
         let n = &g.nodes[id];
-        let dtype = n.ty.dtype;
-        let acc = accumulate_type(dtype);
-        let (a, b) = (n.inputs[0], n.inputs[1]);
-        let ash = g.nodes[a].ty.shape.clone();
+        let acc = accumulate_type(n.ty.dtype);
+        let ash = g.nodes[n.inputs[0]].ty.shape.clone();
         let out = n.ty.shape.clone();
         let r = out.len();
         let mut e = self.emitter(epilogue);
@@ -1048,28 +1053,49 @@ impl<'a> Generator<'a> {
         e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
         e.open(GRID_STRIDE);
         let oidx = e.unravel("i", &out);
-        e.line(format!("{acc} s = 0;"));
+        for k in 0..products.len() {
+            e.line(format!("{acc} {} = 0;", sum_name(k)));
+        }
         e.open("for (i64 k = 0; k < K; ++k)");
-        product_term(&mut e, (a, b), &oidx, acc)?;
+        for (k, &p) in products.iter().enumerate() {
+            let pn = &g.nodes[p];
+            product_term(
+                &mut e,
+                (pn.inputs[0], pn.inputs[1]),
+                &oidx,
+                acc,
+                &sum_name(k),
+            )?;
+        }
         e.close();
-        write_product(&mut e, id, epilogue)?;
+        write_product(&mut e, products, epilogue)?;
         e.close();
         let body = Body::of(e, false);
         Ok(self.add(epilogue.unwrap_or(id), body, Launch::Elements(numel(&out))))
     }
 }
 
-/// `out[i] = ` product `id`'s element `i`, its sum in the emitted code's `s`: the sum
-/// itself, or with `epilogue`, that node's element `i` computed from it in place.
+/// The variable the emitted code sums product `k` of a kernel in.
+fn sum_name(k: usize) -> String {
+    match k {
+        0 => "s".into(),
+        k => format!("s{k}"),
+    }
+}
+
+/// `out[i] = ` element `i` of the kernel's product (its sum in `s`), or with `epilogue`,
+/// that node's element `i` computed from the products' sums in place.
 fn write_product(
     e: &mut Emitter<'_>,
-    id: usize,
+    products: &[usize],
     epilogue: Option<usize>,
 ) -> Result<(), CodegenError> {
     let (node, value) = match epilogue {
-        None => (id, "s".to_string()),
+        None => (products[0], "s".to_string()),
         Some(root) => {
-            e.bind(id, "s");
+            for (k, &p) in products.iter().enumerate() {
+                e.bind(p, &sum_name(k));
+            }
             let shape = e.g.nodes[root].ty.shape.clone();
             let idx = e.unravel("i", &shape);
             (root, e.value(root, &idx)?)
@@ -1080,13 +1106,14 @@ fn write_product(
     Ok(())
 }
 
-/// `s += a[.., m, k] * b[.., k, n]` for the output element at `out_idx` (`[.., m, n]`) and
-/// the emitted code's `k`: the term both generated product kernels sum.
+/// `sum += a[.., m, k] * b[.., k, n]` for the output element at `out_idx` (`[.., m, n]`)
+/// and the emitted code's `k`: the term both generated product kernels sum.
 fn product_term(
     e: &mut Emitter<'_>,
     (a, b): (usize, usize),
     out_idx: &[String],
     acc: &str,
+    sum: &str,
 ) -> Result<(), CodegenError> {
     let r = out_idx.len();
     let mut ai = out_idx[..r - 1].to_vec();
@@ -1096,7 +1123,7 @@ fn product_term(
     bi.push(out_idx[r - 1].clone());
     let av = e.value(a, &ai)?;
     let bv = e.value(b, &bi)?;
-    e.line(format!("s += ({acc}){av} * ({acc}){bv};"));
+    e.line(format!("{sum} += ({acc}){av} * ({acc}){bv};"));
     Ok(())
 }
 

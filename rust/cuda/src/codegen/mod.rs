@@ -424,19 +424,29 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     // products) applies the elementwise chain consuming it as it writes: a residual add, a
     // gated MLP's `silu(gate) * up`, an activation. The product and the chain then need no
     // memory of their own, and a decode step one launch fewer per product.
-    let mut epilogue_of: HashMap<usize, usize> = HashMap::new(); // chain root → product
+    // A chain may read several products of one shape (`silu(gate) * up`): the first takes
+    // the chain, the others are summed in its kernel alongside it (same kernel choice,
+    // dtype and sum length), so a gated MLP's two products are one launch.
+    let mut epilogue_of: HashMap<usize, Vec<usize>> = HashMap::new(); // root → products
     for id in 0..count {
         if !is_generated_product(g, id) {
             continue;
         }
-        let root = epilogue_root(g, &mem, &consumers, &is_output, id);
-        // One product per chain (of `silu(gate) * up`, `gate` takes it; `up` is stored),
-        // and none ending where a cuBLASLt step writes (it may read this product as C).
-        let free = |r: &usize| !epilogue_of.contains_key(r) && !gemms.contains_key(r);
-        if let Some(root) = root.filter(free) {
-            mem[id] = Mem::Inline;
-            epilogue_of.insert(root, id);
+        let Some(root) = epilogue_root(g, &mem, &consumers, &is_output, id) else {
+            continue;
+        };
+        // None ending where a cuBLASLt step writes (it may read this product as C).
+        if gemms.contains_key(&root) {
+            continue;
         }
+        match epilogue_of.get_mut(&root) {
+            None => {
+                epilogue_of.insert(root, vec![id]);
+            }
+            Some(products) if summed_alongside(g, products[0], id) => products.push(id),
+            Some(_) => continue, // stored, and read by the chain's kernel
+        }
+        mem[id] = Mem::Inline;
     }
 
     let symbols = collect_symbols(g);
@@ -498,8 +508,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 bias: plan.bias,
                 residual: plan.residual,
             })
-        } else if let Some(&product) = epilogue_of.get(&id) {
-            gen.product_kernel(product, Some(id))?
+        } else if let Some(products) = epilogue_of.get(&id) {
+            gen.product_kernel(products, Some(id))?
         } else {
             gen.node_kernel(id)?
         };
@@ -645,6 +655,14 @@ fn residual_add(
             _ => return None,
         }
     }
+}
+
+/// Whether generated product `other` can be summed in `first`'s kernel: the same kernel
+/// and dtype, the same output shape and sum length.
+fn summed_alongside(g: &Graph, first: usize, other: usize) -> bool {
+    let (f, o) = (&g.nodes[first], &g.nodes[other]);
+    let k = |n: &ember_core::ir::Node| g.nodes[n.inputs[0]].ty.shape.last().cloned();
+    f.op == o.op && f.ty == o.ty && k(f) == k(o)
 }
 
 /// A matrix product a generated kernel computes (not cuBLASLt).
