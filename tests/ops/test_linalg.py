@@ -95,6 +95,16 @@ def test_residual_connections_around_a_linear_layer(bias, dtype, backend):
     check(fn, args, backend, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_after_a_linear_layer(approximate, dtype, backend):
+    # GPT-2's MLP activation (tanh) is the CUDA backend's cuBLASLt GELU epilogue.
+    layer = torch.nn.Linear(40, 24).to(dtype)
+    fn = lambda x: F.gelu(layer(x), approximate=approximate)  # noqa: E731
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else TOL
+    check(fn, [rand(6, 40, dtype=dtype)], backend, **tol)
+
+
 def test_sum_of_two_linear_layers(backend):
     # Either product could take the other as cuBLASLt's C; exactly one may.
     w1, w2, b = rand(24, 16), rand(24, 12), rand(24)

@@ -287,11 +287,13 @@ impl CudaDevice {
                     4,
                 )
                 .map_err(|e| driver_err("matmul", e))?;
-                if c.bias != 0 {
-                    // The bias is a vector along our rows' length `n`: cuBLASLt's rows (we
-                    // multiply transposed, column-major), broadcast over its columns and
-                    // batches (batch stride 0, the default).
-                    let epilogue = ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+                let epilogue = match (c.bias != 0, c.gelu_tanh) {
+                    (false, false) => None,
+                    (true, false) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
+                    (false, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU),
+                    (true, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS),
+                };
+                if let Some(epilogue) = epilogue {
                     lt::set_matmul_desc_attribute(
                         desc,
                         ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -299,6 +301,11 @@ impl CudaDevice {
                         std::mem::size_of::<ltsys::cublasLtEpilogue_t>(),
                     )
                     .map_err(|e| driver_err("matmul epilogue", e))?;
+                }
+                if c.bias != 0 {
+                    // The bias is a vector along our rows' length `n`: cuBLASLt's rows (we
+                    // multiply transposed, column-major), broadcast over its columns and
+                    // batches (batch stride 0, the default).
                     let bias = c.bias as *const c_void;
                     lt::set_matmul_desc_attribute(
                         desc,

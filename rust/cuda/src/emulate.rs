@@ -318,6 +318,10 @@ impl Device for EmulatedDevice {
                         // cuBLASLt's β·C, likewise.
                         s += read_f(c.dtype, c.addend, cb + i * n + j);
                     }
+                    if c.gelu_tanh {
+                        let inner = 0.797_884_560_802_865_4 * (s + 0.044715 * s * s * s);
+                        s = 0.5 * s * (1.0 + inner.tanh());
+                    }
                     write_f(c.dtype, c.c, cb + i * n + j, s);
                 }
             }

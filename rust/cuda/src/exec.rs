@@ -43,6 +43,8 @@ pub struct GemmCall {
     pub bias: u64,
     /// A matrix shaped as `c` (of `dtype`) added to it (cuBLASLt's C with β = 1); 0 for none.
     pub addend: u64,
+    /// The tanh GELU applied last (cuBLASLt's GELU epilogue, after the bias).
+    pub gelu_tanh: bool,
 }
 
 /// One piece of a run's device work, in order: what a recording holds.
@@ -385,6 +387,7 @@ impl<D: Device> Program<D> {
                         dtype: gm.dtype,
                         bias: gm.bias.map(addr_of).transpose()?.unwrap_or(0),
                         addend: gm.residual.map(addr_of).transpose()?.unwrap_or(0),
+                        gelu_tanh: gm.gelu_tanh,
                     };
                     if call.batch * call.m * call.n > 0 {
                         work.push(Work::Gemm(call));

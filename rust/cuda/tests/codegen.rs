@@ -399,3 +399,43 @@ fn a_sum_of_two_products_keeps_one_of_them_in_memory() {
         assert_eq!(kp.steps[1].node, sum, "{:?}", kp.steps);
     }
 }
+
+#[test]
+fn a_tanh_gelu_after_a_linear_layer_is_cublaslts_gelu_epilogue() {
+    // gelu_tanh(h · wᵀ + b) (GPT-2's MLP): one cuBLASLt call; the exact GELU is a kernel.
+    for (op, folded) in [(UnaryOp::GeluTanh, true), (UnaryOp::Gelu, false)] {
+        let mut g = Graph::new();
+        let h = input(&mut g, 0, DType::F32, dims(&[4, 8]));
+        let w = weight(&mut g, "w", &[16, 8]);
+        let b = weight(&mut g, "b", &[16]);
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+        let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
+        let b1 = g
+            .add(
+                Op::Reshape {
+                    shape: dims(&[1, 16]),
+                },
+                &[b],
+                "b1",
+            )
+            .unwrap();
+        let bb = g
+            .add(
+                Op::Expand {
+                    shape: dims(&[4, 16]),
+                },
+                &[b1],
+                "bb",
+            )
+            .unwrap();
+        let yb = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "bias").unwrap();
+        let act = g.add(Op::Unary(op), &[yb], "gelu").unwrap();
+        g.outputs = vec![act];
+        let kp = generate(&g).unwrap();
+        let StepKind::Gemm(gm) = &kp.steps[0].kind else {
+            panic!("not a gemm: {:?}", kp.steps[0]);
+        };
+        assert_eq!((gm.bias, gm.gelu_tanh), (Some(b), folded), "{op:?}");
+        assert_eq!(kp.steps.len(), if folded { 1 } else { 2 }, "{:?}", kp.steps);
+    }
+}

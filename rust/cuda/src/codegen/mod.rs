@@ -96,6 +96,9 @@ pub struct Gemm {
     /// A tensor of the product's shape added as it is written (cuBLASLt's C, β = 1): a
     /// residual connection's `x + linear(h)`.
     pub residual: Option<usize>,
+    /// The tanh-approximated GELU applied to each element last (cuBLASLt's GELU
+    /// epilogue, after the bias): an MLP's `gelu(linear(x), approximate="tanh")`.
+    pub gelu_tanh: bool,
 }
 
 impl Gemm {
@@ -380,14 +383,16 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 dot: id,
                 bias: None,
                 residual: None,
+                gelu_tanh: false,
             };
             gemms.insert(id, plan);
         }
     }
     // What a cuBLASLt step writes as it goes, each moving the step to a later node (the
     // nodes in between then need no memory): `dot + bias` with a vector broadcast along the
-    // rows (the bias epilogue); `+ r` with `r` in memory (C with β = 1: a residual
-    // connection); and the end of a chain of reshapes that is in memory (an output).
+    // rows (the bias epilogue); then the tanh GELU of that (the GELU epilogue); or `+ r`
+    // with `r` in memory (C with β = 1: a residual connection); and the end of a chain of
+    // reshapes that is in memory (an output).
     let at: Vec<usize> = gemms.keys().copied().collect();
     for d in at {
         let Some(b) = bias_add(g, &mem, &consumers, &is_output, d) else {
@@ -397,11 +402,18 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         move_gemm(&mut gemms, &mut mem, d, add).bias = Some(bias);
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
+    for p in at {
+        if let Some(act) = gelu_tanh_of(g, &consumers, &is_output, p) {
+            move_gemm(&mut gemms, &mut mem, p, act).gelu_tanh = true;
+        }
+    }
+    let at: Vec<usize> = gemms.keys().copied().collect();
     // A product another one adds as its C stays where it is (`x·w + y·v`: the first
     // product seen takes the second as C; the second must not move into the same add).
     let mut pinned = BTreeSet::new();
     for p in at {
-        if pinned.contains(&p) {
+        // C is added before the epilogue's activation, so not after one.
+        if pinned.contains(&p) || gemms[&p].gelu_tanh {
             continue;
         }
         let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) else {
@@ -507,6 +519,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 dtype: dot.ty.dtype,
                 bias: plan.bias,
                 residual: plan.residual,
+                gelu_tanh: plan.gelu_tanh,
             })
         } else if let Some(products) = epilogue_of.get(&id) {
             gen.product_kernel(products, Some(id))?
@@ -548,6 +561,7 @@ struct GemmPlan {
     dot: usize,
     bias: Option<usize>,
     residual: Option<usize>,
+    gelu_tanh: bool,
 }
 
 /// Moves the product whose step writes `from` to write `to` instead (`from` is then
@@ -595,6 +609,23 @@ fn bias_add(
         return None;
     }
     Some((add, row_bias(g, mem, other, &g.nodes[p].ty.shape)?))
+}
+
+/// `gelu(p, approximate="tanh")` when it is `p`'s one consumer, of a dtype cuBLASLt's GELU
+/// epilogue serves (f32/f16/bf16). The exact (erf) GELU has no cuBLASLt epilogue.
+fn gelu_tanh_of(
+    g: &Graph,
+    consumers: &[BTreeSet<usize>],
+    is_output: &[bool],
+    p: usize,
+) -> Option<usize> {
+    if is_output[p] || consumers[p].len() != 1 {
+        return None;
+    }
+    let &act = consumers[p].first()?;
+    let dtype = g.nodes[p].ty.dtype;
+    let gelu = Op::Unary(ember_core::ir::UnaryOp::GeluTanh);
+    (g.nodes[act].op == gelu && dtype != DType::F64).then_some(act)
 }
 
 /// The last of a chain of reshapes of `p` (each the one consumer of the one before), when
