@@ -119,6 +119,25 @@ def test_every_generated_kernel_compiles_with_nvrtc():
         assert chosen["source"] != base["source"], f"{choice} changed nothing"
 
 
+# Launches of one decode layer: rms norm; q, k, v products; k's rotary embedding written
+# with its cache concat, v's concat; split attention (2 kernels; q's rotary embedding
+# computed inside); o product (+ residual); rms norm; gate, up (cuBLASLt: 2 products and
+# silu(gate) * up; warp_dot: 1 kernel for all three); down product (+ residual).
+# Around the layers: the embedding gather, the final norm, the logits product.
+DECODE_STEPS = {None: 2 * 14 + 3, "cuda.warp_dot": 2 * 12 + 3}
+
+
+@pytest.mark.parametrize("choice", list(DECODE_STEPS))
+def test_a_decode_step_takes_the_launches_it_should(choice):
+    """A cost property no numeric test sees: what each decode layer launches (a fusion that
+    silently stops applying shows up here, not in the results)."""
+    if not cuda.cuda_built():
+        pytest.skip("no CUDA backend in this build")
+    (model, args) = {n: (m, a) for n, m, a in _models()}["decode"]
+    program = _core.load_pt2(data=save_bytes(export_program(model, args)), load_weights=False)
+    assert cuda.generated_source(program, choice)["steps"] == DECODE_STEPS[choice]
+
+
 @pytest.mark.nvrtc
 def test_nvrtc_reports_compile_errors_clearly():
     if cuda.nvrtc_version() is None:
