@@ -252,8 +252,9 @@ impl<D: Device> Program<D> {
         let output_of = kp
             .steps
             .iter()
-            .filter_map(|s| match s.dest {
-                Dest::Output(k) => Some((s.node, k)),
+            .flat_map(|s| std::iter::once((s.node, s.dest)).chain(s.also.iter().copied()))
+            .filter_map(|(node, dest)| match dest {
+                Dest::Output(k) => Some((node, k)),
                 Dest::Node(_) => None,
             })
             .collect();
@@ -340,11 +341,12 @@ impl<D: Device> Program<D> {
                 }
             };
         let mut work = Vec::with_capacity(kp.steps.len());
+        let address = |dest: Dest| match dest {
+            Dest::Node(n) => base + layout.offsets[&n] as u64,
+            Dest::Output(k) => outputs[k],
+        };
         for (s, step) in kp.steps.iter().enumerate() {
-            let dest = match step.dest {
-                Dest::Node(n) => base + layout.offsets[&n] as u64,
-                Dest::Output(k) => outputs[k],
-            };
+            let dest = address(step.dest);
             match &step.kind {
                 StepKind::Kernel { kernel, args, .. } => {
                     let geom = layout.geometry[s]
@@ -352,8 +354,9 @@ impl<D: Device> Program<D> {
                     if geom.blocks == 0 {
                         continue;
                     }
-                    let mut params = Vec::with_capacity(args.len() + 3);
+                    let mut params = Vec::with_capacity(args.len() + step.also.len() + 3);
                     params.extend([meta, dest]);
+                    params.extend(step.also.iter().map(|&(_, d)| address(d)));
                     for &a in args {
                         params.push(addr_of(a)?);
                     }

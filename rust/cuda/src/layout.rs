@@ -242,11 +242,14 @@ pub fn plan(
             scratch.insert(s, (place(size, s, s, &mut live), size));
         }
         // A node written by several steps (scatter: copy, then updates) is placed once.
-        let unplaced = match step.dest {
-            Dest::Node(n) if !offsets.contains_key(&n) => Some(n),
-            _ => None,
-        };
-        if let Some(n) = unplaced {
+        let written = std::iter::once(step.dest).chain(step.also.iter().map(|&(_, d)| d));
+        let unplaced: Vec<usize> = written
+            .filter_map(|d| match d {
+                Dest::Node(n) if !offsets.contains_key(&n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        for n in unplaced {
             let mut bytes = floor.and_then(|f| f.slots.get(&n)).copied().unwrap_or(0);
             for env in envs {
                 bytes = bytes.max(node_bytes(kp, n, env));

@@ -26,34 +26,40 @@ fn values(n: usize, seed: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Input `index` of `shape`.
+fn input(g: &mut Graph, index: usize, dtype: DType, shape: &[usize], name: &str) -> usize {
+    let ty = TensorType::new(dtype, dims(shape));
+    g.add_source(Op::Input { index }, ty, name).unwrap()
+}
+
+/// A `[n, k]` weight `name` (test values from `seed`, registered in `weights`), as the
+/// `[k, n]` transpose a linear layer multiplies by.
+fn weight_t(
+    g: &mut Graph,
+    weights: &mut Weights,
+    name: &str,
+    dtype: DType,
+    (n, k): (usize, usize),
+    seed: usize,
+) -> usize {
+    let ty = TensorType::new(dtype, dims(&[n, k]));
+    let w = g
+        .add_source(Op::Weight { name: name.into() }, ty, name)
+        .unwrap();
+    let wv = Value::from_f64(dtype, vec![n, k], values(n * k, seed));
+    let bytes = HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap();
+    weights.insert(name.into(), bytes);
+    g.add(Op::Permute { perm: vec![1, 0] }, &[w], name).unwrap()
+}
+
 /// `x @ wᵀ` with `w` a `[n, k]` weight (a linear layer; a decode step when `m` is 1).
 fn linear(dtype: DType, m: usize, k: usize, n: usize) -> (Graph, Weights, Vec<Value>) {
     let mut g = Graph::new();
-    let x = g
-        .add_source(
-            Op::Input { index: 0 },
-            TensorType::new(dtype, dims(&[m, k])),
-            "x",
-        )
-        .unwrap();
-    let w = g
-        .add_source(
-            Op::Weight { name: "w".into() },
-            TensorType::new(dtype, dims(&[n, k])),
-            "w",
-        )
-        .unwrap();
-    let wt = g
-        .add(Op::Permute { perm: vec![1, 0] }, &[w], "w_t")
-        .unwrap();
+    let mut weights = Weights::new();
+    let x = input(&mut g, 0, dtype, &[m, k], "x");
+    let wt = weight_t(&mut g, &mut weights, "w", dtype, (n, k), 1);
     let y = g.add(Op::Dot, &[x, wt], "proj").unwrap();
     g.outputs = vec![y];
-    let wv = Value::from_f64(dtype, vec![n, k], values(n * k, 1));
-    let mut weights = Weights::new();
-    weights.insert(
-        "w".into(),
-        HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap(),
-    );
     let xv = Value::from_f64(dtype, vec![m, k], values(m * k, 2));
     (g, weights, vec![xv])
 }
@@ -63,20 +69,8 @@ fn product(dtype: DType, batch: &[usize], m: usize, k: usize, n: usize) -> (Grap
     let mut g = Graph::new();
     let shape = |rows, cols| [batch, &[rows, cols]].concat();
     let (sa, sb) = (shape(m, k), shape(k, n));
-    let a = g
-        .add_source(
-            Op::Input { index: 0 },
-            TensorType::new(dtype, dims(&sa)),
-            "a",
-        )
-        .unwrap();
-    let b = g
-        .add_source(
-            Op::Input { index: 1 },
-            TensorType::new(dtype, dims(&sb)),
-            "b",
-        )
-        .unwrap();
+    let a = input(&mut g, 0, dtype, &sa, "a");
+    let b = input(&mut g, 1, dtype, &sb, "b");
     let y = g.add(Op::Dot, &[a, b], "mm").unwrap();
     g.outputs = vec![y];
     let av = Value::from_f64(dtype, sa.clone(), values(sa.iter().product(), 3));
@@ -213,35 +207,11 @@ fn choosing_an_unknown_kernel_is_refused() {
 fn gated(dtype: DType, m: usize, k: usize, n: usize, rows: bool) -> (Graph, Weights, Vec<Value>) {
     let out_shape = if rows { vec![1, m, n] } else { vec![m, n] };
     let mut g = Graph::new();
-    let x = g
-        .add_source(
-            Op::Input { index: 0 },
-            TensorType::new(dtype, dims(&[m, k])),
-            "x",
-        )
-        .unwrap();
-    let r = g
-        .add_source(
-            Op::Input { index: 1 },
-            TensorType::new(dtype, dims(&out_shape)),
-            "r",
-        )
-        .unwrap();
     let mut weights = Weights::new();
+    let x = input(&mut g, 0, dtype, &[m, k], "x");
+    let r = input(&mut g, 1, dtype, &out_shape, "r");
     let mut proj = |g: &mut Graph, name: &str, seed: usize| {
-        let w = g
-            .add_source(
-                Op::Weight { name: name.into() },
-                TensorType::new(dtype, dims(&[n, k])),
-                name,
-            )
-            .unwrap();
-        let wv = Value::from_f64(dtype, vec![n, k], values(n * k, seed));
-        weights.insert(
-            name.into(),
-            HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap(),
-        );
-        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], name).unwrap();
+        let wt = weight_t(g, &mut weights, name, dtype, (n, k), seed);
         let p = g.add(Op::Dot, &[x, wt], name).unwrap();
         let shape = dims(&out_shape);
         match rows {
@@ -325,39 +295,15 @@ fn the_warp_kernel_sums_packed_rows_when_they_are_aligned() {
 /// product on `[1, d]` rows reshaped to `[1, 1, d]` (as exported llama blocks are).
 fn mlp_block(dtype: DType, d: usize, hidden: usize) -> (Graph, Weights, Vec<Value>) {
     let mut g = Graph::new();
-    let t = |shape: &[usize]| TensorType::new(dtype, dims(shape));
-    let x = g
-        .add_source(Op::Input { index: 0 }, t(&[1, 1, d]), "x")
-        .unwrap();
     let mut weights = Weights::new();
+    let x = input(&mut g, 0, dtype, &[1, 1, d], "x");
     let mut linear = |g: &mut Graph, name: &str, v: usize, (n, k): (usize, usize), seed| {
-        let w = g
-            .add_source(Op::Weight { name: name.into() }, t(&[n, k]), name)
-            .unwrap();
-        let wv = Value::from_f64(dtype, vec![n, k], values(n * k, seed));
-        weights.insert(
-            name.into(),
-            HostTensor::owned(dtype, vec![n, k], wv.to_bytes()).unwrap(),
-        );
-        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], name).unwrap();
-        let rows = g
-            .add(
-                Op::Reshape {
-                    shape: dims(&[1, k]),
-                },
-                &[v],
-                name,
-            )
-            .unwrap();
+        let wt = weight_t(g, &mut weights, name, dtype, (n, k), seed);
+        let shape = dims(&[1, k]);
+        let rows = g.add(Op::Reshape { shape }, &[v], name).unwrap();
         let p = g.add(Op::Dot, &[rows, wt], name).unwrap();
-        g.add(
-            Op::Reshape {
-                shape: dims(&[1, 1, n]),
-            },
-            &[p],
-            name,
-        )
-        .unwrap()
+        let shape = dims(&[1, 1, n]);
+        g.add(Op::Reshape { shape }, &[p], name).unwrap()
     };
     let gate = linear(&mut g, "gate", x, (hidden, d), 5);
     let up = linear(&mut g, "up", x, (hidden, d), 6);
@@ -398,49 +344,15 @@ fn a_permute_that_keeps_the_order_is_read_in_place() {
     // same bytes, so the product reads the input itself (no copy step, packed loads).
     let dtype = DType::BF16;
     let mut g = Graph::new();
-    let heads = g
-        .add_source(
-            Op::Input { index: 0 },
-            TensorType::new(dtype, dims(&[1, 4, 1, 8])),
-            "attn",
-        )
-        .unwrap();
-    let w = g
-        .add_source(
-            Op::Weight { name: "w".into() },
-            TensorType::new(dtype, dims(&[24, 32])),
-            "w",
-        )
-        .unwrap();
-    let p = g
-        .add(
-            Op::Permute {
-                perm: vec![0, 2, 1, 3],
-            },
-            &[heads],
-            "perm",
-        )
-        .unwrap();
-    let rows = g
-        .add(
-            Op::Reshape {
-                shape: dims(&[1, 32]),
-            },
-            &[p],
-            "rows",
-        )
-        .unwrap();
-    let wt = g
-        .add(Op::Permute { perm: vec![1, 0] }, &[w], "w_t")
-        .unwrap();
+    let mut weights = Weights::new();
+    let heads = input(&mut g, 0, dtype, &[1, 4, 1, 8], "attn");
+    let wt = weight_t(&mut g, &mut weights, "w", dtype, (24, 32), 1);
+    let perm = vec![0, 2, 1, 3];
+    let p = g.add(Op::Permute { perm }, &[heads], "perm").unwrap();
+    let shape = dims(&[1, 32]);
+    let rows = g.add(Op::Reshape { shape }, &[p], "rows").unwrap();
     let y = g.add(Op::Dot, &[rows, wt], "o_proj").unwrap();
     g.outputs = vec![y];
-    let mut weights = Weights::new();
-    let wv = Value::from_f64(dtype, vec![24, 32], values(24 * 32, 1));
-    weights.insert(
-        "w".into(),
-        HostTensor::owned(dtype, vec![24, 32], wv.to_bytes()).unwrap(),
-    );
     let xv = Value::from_f64(dtype, vec![1, 4, 1, 8], values(32, 9));
     let want = interp::run(&g, &weights, std::slice::from_ref(&xv))
         .unwrap()
@@ -457,4 +369,46 @@ fn a_permute_that_keeps_the_order_is_read_in_place() {
     // cuBLASLt reads the input in place too.
     let kp = generate(&g).unwrap();
     assert_eq!(kp.steps.len(), 1, "gemm: {:?}", kp.steps);
+}
+
+/// `x·wqᵀ`, `x·wkᵀ`, `x·wvᵀ` of one `[m, k]` input, each returned: a decode step's
+/// attention projections (widths `n`, `n/2`, `n/2 + 3`).
+fn projections(dtype: DType, m: usize, k: usize, n: usize) -> (Graph, Weights, Vec<Value>) {
+    let mut g = Graph::new();
+    let mut weights = Weights::new();
+    let x = input(&mut g, 0, dtype, &[m, k], "x");
+    let mut outs = Vec::new();
+    for (j, width) in [n, n / 2, n / 2 + 3].into_iter().enumerate() {
+        let name = format!("w{j}");
+        let wt = weight_t(&mut g, &mut weights, &name, dtype, (width, k), 10 + j);
+        // Each projection reads its own reshape of x, as exported programs do.
+        let shape = dims(&[m, k]);
+        let xr = g.add(Op::Reshape { shape }, &[x], &name).unwrap();
+        outs.push(g.add(Op::Dot, &[xr, wt], &name).unwrap());
+    }
+    g.outputs = outs;
+    let xv = Value::from_f64(dtype, vec![m, k], values(m * k, 2));
+    (g, weights, vec![xv])
+}
+
+#[test]
+fn products_of_one_input_share_one_launch() {
+    for dtype in [DType::BF16, DType::F32, DType::F64] {
+        // 64 terms: packed for bf16/f32 (f64 has no pack); 70: the generic path.
+        for k in [64, 70] {
+            for m in [1, 2] {
+                let (g, w, x) = projections(dtype, m, k, 20);
+                let kp = generate(&ember_cuda::with_choice(&g, KERNEL_WARP_DOT).unwrap()).unwrap();
+                assert_eq!(kp.steps.len(), 1, "{dtype} k={k}: {:?}", kp.steps);
+                assert_eq!(kp.steps[0].also.len(), 2, "{:?}", kp.steps[0]);
+                let want = interp::run(&g, &w, &x).unwrap();
+                for gpu in [false, true] {
+                    let got = run_choice_all(&g, &w, &x, KERNEL_WARP_DOT, gpu);
+                    for (j, (got, want)) in got.iter().zip(&want).enumerate() {
+                        check(&format!("{dtype} k={k} m={m} gpu={gpu} out {j}"), got, want);
+                    }
+                }
+            }
+        }
+    }
 }

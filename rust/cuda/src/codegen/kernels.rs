@@ -41,6 +41,8 @@ struct Body {
     scratch: Option<&'static str>,
     /// The accumulator type of the partial results it writes or reads.
     partials: Option<(&'static str, Partials)>,
+    /// Nodes it writes besides its root, as `out1`, `out2`, … (after `out`).
+    also_writes: Vec<usize>,
 }
 
 impl Body {
@@ -51,6 +53,7 @@ impl Body {
             cooperative,
             scratch: None,
             partials: None,
+            also_writes: Vec::new(),
         }
     }
 }
@@ -243,6 +246,10 @@ impl<'a> Generator<'a> {
             "i64* __restrict__ meta".to_string(),
             format!("{out_t}* __restrict__ out"),
         ];
+        for (k, &w) in body.also_writes.iter().enumerate() {
+            let t = storage_type(g.nodes[w].ty.dtype);
+            params.push(format!("{t}* __restrict__ out{}", k + 1));
+        }
         for (k, &p) in body.e_params.iter().enumerate() {
             params.push(param_decl(g, p, &format!("b{k}")));
         }
@@ -787,11 +794,8 @@ impl<'a> Generator<'a> {
         e.line("__syncthreads();");
         e.close();
         let body = Body {
-            e_params: e.params,
-            text: e.body,
-            cooperative: true,
             scratch: Some(acc),
-            partials: None,
+            ..Body::of(e, true)
         };
         Ok(self.add(
             id,

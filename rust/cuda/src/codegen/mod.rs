@@ -146,6 +146,9 @@ pub enum Dest {
 pub struct Step {
     pub node: usize,
     pub dest: Dest,
+    /// Further nodes the same kernel writes, and where (passed after `dest`, as `out1`,
+    /// `out2`, …): products of one input summed in one launch.
+    pub also: Vec<(usize, Dest)>,
     pub kind: StepKind,
 }
 
@@ -461,6 +464,39 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         mem[id] = Mem::Inline;
     }
 
+    // `cuda.warp_dot` products of one input that write their own values (a decode step's
+    // q, k and v projections) share one launch: the warps of the step take the products'
+    // outputs one after another. The step sits at the first one's place, where the input
+    // is ready and no product has been read yet.
+    let mut groups: HashMap<usize, Vec<usize>> = HashMap::new(); // first → members
+    let mut grouped: BTreeSet<usize> = BTreeSet::new(); // members after the first
+    let mut by_input: HashMap<(usize, String), usize> = HashMap::new(); // → first
+    for id in 0..count {
+        let n = &g.nodes[id];
+        let warp = matches!(&n.op, Op::Kernel { name, .. } if name == KERNEL_WARP_DOT);
+        if !warp || mem[id] != Mem::Buffer {
+            continue;
+        }
+        let Some(a) = in_memory_through_reshape(g, &mem, n.inputs[0]) else {
+            continue;
+        };
+        // Only weights on the right: a computed operand might be written after the first.
+        if !is_weight(g, &mem, n.inputs[1]) {
+            continue;
+        }
+        // The same memory read as the same rows, of one dtype.
+        let key = (a, format!("{} {:?}", n.ty.dtype, g.ty(n.inputs[0]).shape));
+        match by_input.get(&key) {
+            Some(&first) => {
+                groups.entry(first).or_insert_with(|| vec![first]).push(id);
+                grouped.insert(id);
+            }
+            None => {
+                by_input.insert(key, id);
+            }
+        }
+    }
+
     let symbols = collect_symbols(g);
     let in_memory: Vec<bool> = mem
         .iter()
@@ -480,7 +516,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         Dest::Node(node)
     };
     for (id, n) in g.nodes.iter().enumerate() {
-        if mem[id] != Mem::Buffer {
+        if mem[id] != Mem::Buffer || grouped.contains(&id) {
             continue;
         }
         let dest = dest_of(id, &mut written_outputs);
@@ -494,6 +530,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
                 steps.push(Step {
                     node: id,
                     dest,
+                    also: Vec::new(),
                     kind,
                 });
             }
@@ -523,12 +560,25 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             })
         } else if let Some(products) = epilogue_of.get(&id) {
             gen.product_kernel(products, Some(id))?
+        } else if let Some(members) = groups.get(&id) {
+            let also = members[1..]
+                .iter()
+                .map(|&m| (m, dest_of(m, &mut written_outputs)))
+                .collect();
+            steps.push(Step {
+                node: id,
+                dest,
+                also,
+                kind: gen.grouped_warp_dot(members)?,
+            });
+            continue;
         } else {
             gen.node_kernel(id)?
         };
         steps.push(Step {
             node: id,
             dest,
+            also: Vec::new(),
             kind,
         });
     }
@@ -539,6 +589,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             steps.push(Step {
                 node: o,
                 dest: Dest::Output(k),
+                also: Vec::new(),
                 kind,
             });
         }
@@ -694,6 +745,16 @@ fn summed_alongside(g: &Graph, first: usize, other: usize) -> bool {
     let (f, o) = (&g.nodes[first], &g.nodes[other]);
     let k = |n: &ember_core::ir::Node| g.nodes[n.inputs[0]].ty.shape.last().cloned();
     f.op == o.op && f.ty == o.ty && k(f) == k(o)
+}
+
+/// Whether `x` is a weight (or constant) in memory, directly, through order-keeping views
+/// or transposed.
+fn is_weight(g: &Graph, mem: &[Mem], x: usize) -> bool {
+    let stored = |x| in_memory_through_reshape(g, mem, x).map(|m| mem[m]);
+    match stored(x) {
+        Some(m) => m == Mem::Weight,
+        None => swaps_last_two(&g.nodes[x].op) && stored(g.nodes[x].inputs[0]) == Some(Mem::Weight),
+    }
 }
 
 /// A matrix product a generated kernel computes (not cuBLASLt).

@@ -12,7 +12,7 @@ use ember_core::dim::{numel, Dim};
 use ember_core::dtype::DType;
 use ember_core::ir::Graph;
 
-use super::super::types::accumulate_type;
+use super::super::types::{accumulate_type, store};
 use super::{product_term, sum_name, write_product, Body, CodegenError, Generator, StepKind};
 use crate::codegen::{stored_in_order, Launch};
 
@@ -132,6 +132,123 @@ impl Generator<'_> {
         let body = Body::of(e, true);
         let threads = numel(&out) * Dim::from(32usize);
         Ok(self.add(epilogue.unwrap_or(id), body, Launch::Elements(threads)))
+    }
+}
+
+impl Generator<'_> {
+    /// Products of one input (same rows and sum length, different widths: a decode step's
+    /// q, k and v) in one launch: output `i` of the step is the first member's while
+    /// `i < n0`, the second's while `i < n0 + n1`, and so on; each member is written as it
+    /// would be alone (`out`, `out1`, …). A warp's outputs all belong to one member, so the
+    /// member branch is uniform across the warp; the reduction sits outside the branches so
+    /// every thread of a block meets it (the emulator's is a block barrier).
+    pub fn grouped_warp_dot(&mut self, members: &[usize]) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let first = &g.nodes[members[0]];
+        let acc = accumulate_type(first.ty.dtype);
+        let ash = g.nodes[first.inputs[0]].ty.shape.clone();
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!("const i64 K = {};", e.dim(&ash[ash.len() - 1])));
+        e.line("const i64 lane = threadIdx.x & 31;");
+        let mut start = "0LL".to_string();
+        let mut packed = Vec::new();
+        for (j, &m) in members.iter().enumerate() {
+            let out = g.nodes[m].ty.shape.clone();
+            e.line(format!("const i64 start{j} = {start};"));
+            e.line(format!(
+                "const i64 end{j} = start{j} + {};",
+                e.dims.product(&out)
+            ));
+            start = format!("end{j}");
+            let p = packed_rows(g, self.in_memory, m);
+            let cond = match &p {
+                Some(p) => format!(
+                    "K % {} == 0 && (((unsigned long long){} | (unsigned long long){}) & 15) == 0",
+                    p.per_pack,
+                    e.param(p.a),
+                    e.param(p.b)
+                ),
+                None => "false".into(),
+            };
+            e.line(format!("const bool packed{j} = {cond};"));
+            packed.push(p);
+        }
+        e.line(format!("const i64 n = {start};"));
+        e.open("for (i64 base = (i64)blockIdx.x * blockDim.x; base < n * 32; base += (i64)gridDim.x * blockDim.x)");
+        e.line("const i64 i = (base + threadIdx.x) >> 5;");
+        e.line(format!("{acc} s = 0;"));
+        for (j, &m) in members.iter().enumerate() {
+            e.open(member_branch(j));
+            e.line(format!("const i64 li = i - start{j};"));
+            let out = g.nodes[m].ty.shape.clone();
+            let r = out.len();
+            if let Some(p) = &packed[j] {
+                let (pa, pb) = (e.param(p.a), e.param(p.b));
+                e.open(format!("if (packed{j})"));
+                e.line(format!("const i64 N = {};", e.dim(&out[r - 1])));
+                e.line(format!("const i64 MN = {};", e.dims.product(&out[r - 2..])));
+                e.line(format!(
+                    "const ember_pack* ra = (const ember_pack*)({pa} + (li / N) * K);"
+                ));
+                e.line(format!(
+                    "const ember_pack* rb = (const ember_pack*)({pb} + ((li / MN) * N + li % N) * K);"
+                ));
+                e.line("#pragma unroll 4");
+                e.line(format!(
+                    "for (i64 k = lane; k < K / {}; k += 32) s += {}(ra[k], rb[k]);",
+                    p.per_pack, p.pack_dot
+                ));
+                e.close();
+                e.open("else");
+            }
+            let oidx = e.unravel("li", &out);
+            e.line("#pragma unroll 4");
+            e.open("for (i64 k = lane; k < K; k += 32)");
+            let n = &g.nodes[m];
+            product_term(&mut e, (n.inputs[0], n.inputs[1]), &oidx, acc, "s")?;
+            e.close();
+            if packed[j].is_some() {
+                e.close();
+            }
+            e.close();
+        }
+        e.line("s = ember_warp_reduce(s, smem, EmberSum());");
+        e.open("if (lane == 0)");
+        for (j, &m) in members.iter().enumerate() {
+            let out = if j == 0 {
+                "out".into()
+            } else {
+                format!("out{j}")
+            };
+            let dtype = g.nodes[m].ty.dtype;
+            e.line(format!(
+                "{} {out}[i - start{j}] = {};",
+                member_branch(j),
+                store(dtype, "s")
+            ));
+        }
+        e.close();
+        e.close();
+        let body = Body {
+            also_writes: members[1..].to_vec(),
+            ..Body::of(e, true)
+        };
+        let threads = members
+            .iter()
+            .map(|&m| numel(&g.nodes[m].ty.shape))
+            .reduce(|a, b| a + b)
+            .expect("a group has members")
+            * Dim::from(32usize);
+        Ok(self.add(members[0], body, Launch::Elements(threads)))
+    }
+}
+
+/// The test selecting member `j` of a group by the output index `i`.
+fn member_branch(j: usize) -> String {
+    match j {
+        0 => "if (i < end0)".into(),
+        j => format!("else if (i < end{j})"),
     }
 }
 
