@@ -127,7 +127,32 @@ fn shared_intermediates_are_materialized_once() {
     g.outputs = vec![a, b];
     let kp = generate(&g).unwrap();
     assert_eq!(kp.mem[e], Mem::Buffer);
-    assert_eq!(kp.steps.len(), 3);
+    // `e`, then `a` and `b` from it in one launch.
+    assert_eq!(kp.steps.len(), 2, "{:?}", kp.steps);
+    assert_eq!(kp.steps[1].also.len(), 1, "{:?}", kp.steps);
+}
+
+#[test]
+fn independent_elementwise_kernels_of_one_shape_share_a_launch() {
+    // k and v cache updates: concat(cache, new) twice, from values computed before both.
+    let mut g = Graph::new();
+    let kc = input(&mut g, 0, DType::F32, dims(&[2, 5, 4]));
+    let vc = input(&mut g, 1, DType::F32, dims(&[2, 5, 4]));
+    let kn = input(&mut g, 2, DType::F32, dims(&[2, 1, 4]));
+    let vn = input(&mut g, 3, DType::BF16, dims(&[2, 1, 4]));
+    let kr = g.add(Op::Unary(UnaryOp::Neg), &[kn], "rotate").unwrap();
+    let vf = g.add(Op::Cast { to: DType::F32 }, &[vn], "widen").unwrap();
+    let k = g.add(Op::Concat { axis: 1 }, &[kc, kr], "k").unwrap();
+    let v = g.add(Op::Concat { axis: 1 }, &[vc, vf], "v").unwrap();
+    // And one that reads the first: it must come after it, in a launch of its own.
+    let kk = g.add(Op::Binary(BinaryOp::Mul), &[k, k], "kk").unwrap();
+    g.outputs = vec![k, v, kk];
+    let kp = generate(&g).unwrap();
+    assert_eq!(kp.steps.len(), 2, "{:?}", kp.steps);
+    assert_eq!(kp.steps[0].node, k);
+    assert_eq!(kp.steps[0].also.len(), 1, "{:?}", kp.steps);
+    assert_eq!(kp.steps[0].also[0].0, v);
+    assert_eq!(kp.steps[1].node, kk);
 }
 
 #[test]
@@ -156,9 +181,9 @@ fn symbolic_dims_are_read_from_meta_so_kernels_do_not_depend_on_sizes() {
 fn identical_kernels_are_generated_once() {
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, dims(&[16]));
-    let y = input(&mut g, 1, DType::F32, dims(&[16]));
+    // b reads a, so the two are separate launches of one kernel text.
     let a = g.add(Op::Unary(UnaryOp::Relu), &[x], "a").unwrap();
-    let b = g.add(Op::Unary(UnaryOp::Relu), &[y], "b").unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Relu), &[a], "b").unwrap();
     g.outputs = vec![a, b];
     let kp = generate(&g).unwrap();
     assert_eq!(kp.steps.len(), 2);

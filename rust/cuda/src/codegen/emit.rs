@@ -129,6 +129,8 @@ pub struct Emitter<'a> {
     pub in_memory: &'a [bool],
     /// The node this kernel computes (computed even though it is in memory).
     pub root: Option<usize>,
+    /// Further nodes it computes and writes (in memory, computed here all the same).
+    pub also_roots: Vec<usize>,
     pub dims: DimRender<'a>,
     /// Parameter nodes in the order the kernel signature lists them.
     pub params: Vec<usize>,
@@ -151,6 +153,7 @@ impl<'a> Emitter<'a> {
             g,
             in_memory,
             root,
+            also_roots: Vec::new(),
             dims: DimRender { symbols },
             params: Vec::new(),
             body: String::new(),
@@ -287,7 +290,7 @@ impl<'a> Emitter<'a> {
         let g = self.g;
         let n = &g.nodes[node];
         let dtype = n.ty.dtype;
-        if self.in_memory[node] && self.root != Some(node) {
+        if self.in_memory[node] && self.root != Some(node) && !self.also_roots.contains(&node) {
             let p = self.param(node);
             let off = self.offset(idx, &n.ty.shape);
             return Ok(self.define(node, load(dtype, &format!("{p}[{off}]"))));

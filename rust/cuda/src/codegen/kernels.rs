@@ -360,6 +360,35 @@ impl<'a> Generator<'a> {
         }
     }
 
+    /// Independent elementwise nodes of one shape (a decode step's k and v cache concats)
+    /// in one launch: each thread computes every member at its element, writing them to
+    /// `out`, `out1`, … (`generate` checks no member reads another).
+    pub fn grouped_elementwise(&mut self, members: &[usize]) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let shape = g.nodes[members[0]].ty.shape.clone();
+        let mut e = self.emitter(Some(members[0]));
+        e.also_roots = members[1..].to_vec();
+        let n = e.dims.product(&shape);
+        e.line(format!("const i64 n = {n};"));
+        e.open(GRID_STRIDE);
+        let idx = e.unravel("i", &shape);
+        for (j, &m) in members.iter().enumerate() {
+            let v = e.value(m, &idx)?;
+            let out = if j == 0 {
+                "out".into()
+            } else {
+                format!("out{j}")
+            };
+            e.line(format!("{out}[i] = {};", store(g.nodes[m].ty.dtype, &v)));
+        }
+        e.close();
+        let body = Body {
+            also_writes: members[1..].to_vec(),
+            ..Body::of(e, false)
+        };
+        Ok(self.add(members[0], body, Launch::Elements(numel(&shape))))
+    }
+
     /// One thread per output element (grid-stride).
     fn elementwise(&mut self, id: usize, root: Option<usize>) -> Result<StepKind, CodegenError> {
         let g = self.g;

@@ -497,6 +497,41 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         }
     }
 
+    // Independent elementwise kernels of one shape share a launch too (a decode step's k
+    // and v cache concats): a later one joins an earlier one when everything it reads from
+    // memory is written before the earlier one's step (steps run in node order), so it
+    // reads no member either.
+    let mut elementwise_groups: HashMap<usize, Vec<usize>> = HashMap::new(); // first → all
+    let mut open_group: HashMap<String, usize> = HashMap::new(); // shape → first
+    for id in 0..count {
+        let n = &g.nodes[id];
+        let plain = mem[id] == Mem::Buffer
+            && !is_heavy(&n.op)
+            && !gemms.contains_key(&id)
+            && !epilogue_of.contains_key(&id);
+        if !plain {
+            continue;
+        }
+        let key = format!("{:?}", n.ty.shape);
+        let joins = open_group.get(&key).copied().filter(|&first| {
+            let members = elementwise_groups.get(&first).map_or(1, Vec::len);
+            let ready = |r: usize| r < first || matches!(mem[r], Mem::Input(_) | Mem::Weight);
+            members < MAX_GROUP && memory_read(g, &mem, id).into_iter().all(ready)
+        });
+        match joins {
+            Some(first) => {
+                elementwise_groups
+                    .entry(first)
+                    .or_insert_with(|| vec![first])
+                    .push(id);
+                grouped.insert(id);
+            }
+            None => {
+                open_group.insert(key, id);
+            }
+        }
+    }
+
     let symbols = collect_symbols(g);
     let in_memory: Vec<bool> = mem
         .iter()
@@ -560,16 +595,20 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             })
         } else if let Some(products) = epilogue_of.get(&id) {
             gen.product_kernel(products, Some(id))?
-        } else if let Some(members) = groups.get(&id) {
+        } else if let Some(members) = groups.get(&id).or(elementwise_groups.get(&id)) {
             let also = members[1..]
                 .iter()
                 .map(|&m| (m, dest_of(m, &mut written_outputs)))
                 .collect();
+            let kind = match groups.contains_key(&id) {
+                true => gen.grouped_warp_dot(members)?,
+                false => gen.grouped_elementwise(members)?,
+            };
             steps.push(Step {
                 node: id,
                 dest,
                 also,
-                kind: gen.grouped_warp_dot(members)?,
+                kind,
             });
             continue;
         } else {
@@ -745,6 +784,29 @@ fn summed_alongside(g: &Graph, first: usize, other: usize) -> bool {
     let (f, o) = (&g.nodes[first], &g.nodes[other]);
     let k = |n: &ember_core::ir::Node| g.nodes[n.inputs[0]].ty.shape.last().cloned();
     f.op == o.op && f.ty == o.ty && k(f) == k(o)
+}
+
+/// Most nodes one grouped step writes.
+const MAX_GROUP: usize = 8;
+
+/// The nodes in memory that computing `node` in place reads: its inputs, through every
+/// input recomputed in place.
+fn memory_read(g: &Graph, mem: &[Mem], node: usize) -> BTreeSet<usize> {
+    let mut read = BTreeSet::new();
+    let mut todo: Vec<usize> = g.nodes[node].inputs.clone();
+    let mut seen = BTreeSet::new();
+    while let Some(x) = todo.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        match mem[x] {
+            Mem::Inline => todo.extend(&g.nodes[x].inputs),
+            _ => {
+                read.insert(x);
+            }
+        }
+    }
+    read
 }
 
 /// Whether `x` is a weight (or constant) in memory, directly, through order-keeping views
