@@ -29,33 +29,50 @@ fn weight(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
     .unwrap()
 }
 
+/// `h · wᵀ + b` for `h: [rows, k]`, `w: [n, k]`, as frontends translate `linear`: the
+/// nodes the tests look at.
+struct Linear {
+    w: ValueId,
+    b: ValueId,
+    wt: ValueId,
+    product: ValueId,
+    broadcast_bias: ValueId,
+    out: ValueId,
+}
+
+fn linear_with_bias(g: &mut Graph, h: ValueId, rows: usize, (n, k): (usize, usize)) -> Linear {
+    let w = weight(g, "w", &[n, k]);
+    let b = weight(g, "b", &[n]);
+    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
+    let product = g.add(Op::Dot, &[h, wt], "mm").unwrap();
+    let shape = dims(&[1, n]);
+    let b1 = g.add(Op::Reshape { shape }, &[b], "b1").unwrap();
+    let shape = dims(&[rows, n]);
+    let broadcast_bias = g.add(Op::Expand { shape }, &[b1], "bb").unwrap();
+    let add = Op::Binary(BinaryOp::Add);
+    let out = g.add(add, &[product, broadcast_bias], "add").unwrap();
+    Linear {
+        w,
+        b,
+        wt,
+        product,
+        broadcast_bias,
+        out,
+    }
+}
+
 #[test]
 fn linear_layer_is_one_gemm_reading_the_weight_transposed_with_the_bias_in_its_epilogue() {
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, dims(&[4, 8]));
-    let w = weight(&mut g, "w", &[16, 8]);
-    let b = weight(&mut g, "b", &[16]);
-    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
-    let y = g.add(Op::Dot, &[x, wt], "mm").unwrap();
-    let b1 = g
-        .add(
-            Op::Reshape {
-                shape: dims(&[1, 16]),
-            },
-            &[b],
-            "b1",
-        )
-        .unwrap();
-    let bb = g
-        .add(
-            Op::Expand {
-                shape: dims(&[4, 16]),
-            },
-            &[b1],
-            "bb",
-        )
-        .unwrap();
-    let out = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "add").unwrap();
+    let Linear {
+        w,
+        b,
+        wt,
+        product: y,
+        broadcast_bias: bb,
+        out,
+    } = linear_with_bias(&mut g, x, 4, (16, 8));
     g.outputs = vec![out];
     let kp = generate(&g).unwrap();
     assert_eq!(kp.steps.len(), 1, "{:?}", kp.steps);
@@ -290,29 +307,7 @@ fn a_residual_add_after_a_product_is_cublaslts_c_matrix() {
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, dims(&[1, 4, 16]));
     let h = input(&mut g, 1, DType::F32, dims(&[4, 8]));
-    let w = weight(&mut g, "w", &[16, 8]);
-    let b = weight(&mut g, "b", &[16]);
-    let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
-    let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
-    let b1 = g
-        .add(
-            Op::Reshape {
-                shape: dims(&[1, 16]),
-            },
-            &[b],
-            "b1",
-        )
-        .unwrap();
-    let bb = g
-        .add(
-            Op::Expand {
-                shape: dims(&[4, 16]),
-            },
-            &[b1],
-            "bb",
-        )
-        .unwrap();
-    let yb = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "bias").unwrap();
+    let Linear { w, b, out: yb, .. } = linear_with_bias(&mut g, h, 4, (16, 8));
     let y3 = g
         .add(
             Op::Reshape {
@@ -431,29 +426,7 @@ fn a_tanh_gelu_after_a_linear_layer_is_cublaslts_gelu_epilogue() {
     for (op, folded) in [(UnaryOp::GeluTanh, true), (UnaryOp::Gelu, false)] {
         let mut g = Graph::new();
         let h = input(&mut g, 0, DType::F32, dims(&[4, 8]));
-        let w = weight(&mut g, "w", &[16, 8]);
-        let b = weight(&mut g, "b", &[16]);
-        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "t").unwrap();
-        let y = g.add(Op::Dot, &[h, wt], "mm").unwrap();
-        let b1 = g
-            .add(
-                Op::Reshape {
-                    shape: dims(&[1, 16]),
-                },
-                &[b],
-                "b1",
-            )
-            .unwrap();
-        let bb = g
-            .add(
-                Op::Expand {
-                    shape: dims(&[4, 16]),
-                },
-                &[b1],
-                "bb",
-            )
-            .unwrap();
-        let yb = g.add(Op::Binary(BinaryOp::Add), &[y, bb], "bias").unwrap();
+        let Linear { b, out: yb, .. } = linear_with_bias(&mut g, h, 4, (16, 8));
         let act = g.add(Op::Unary(op), &[yb], "gelu").unwrap();
         g.outputs = vec![act];
         let kp = generate(&g).unwrap();

@@ -1090,16 +1090,7 @@ impl<'a> Generator<'a> {
             e.line(format!("{acc} {} = 0;", sum_name(k)));
         }
         e.open("for (i64 k = 0; k < K; ++k)");
-        for (k, &p) in products.iter().enumerate() {
-            let pn = &g.nodes[p];
-            product_term(
-                &mut e,
-                (pn.inputs[0], pn.inputs[1]),
-                &oidx,
-                acc,
-                &sum_name(k),
-            )?;
-        }
+        product_terms(&mut e, products, &oidx, acc)?;
         e.close();
         write_product(&mut e, products, epilogue)?;
         e.close();
@@ -1136,6 +1127,21 @@ fn write_product(
     };
     let dtype = e.g.nodes[node].ty.dtype;
     e.line(format!("out[i] = {};", store(dtype, &value)));
+    Ok(())
+}
+
+/// [`product_term`] of each of `products` (same shapes), into `s`, `s1`, ….
+fn product_terms(
+    e: &mut Emitter<'_>,
+    products: &[usize],
+    out_idx: &[String],
+    acc: &str,
+) -> Result<(), CodegenError> {
+    for (k, &p) in products.iter().enumerate() {
+        let pn = &e.g.nodes[p];
+        let operands = (pn.inputs[0], pn.inputs[1]);
+        product_term(e, operands, out_idx, acc, &sum_name(k))?;
+    }
     Ok(())
 }
 

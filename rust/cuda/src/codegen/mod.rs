@@ -398,16 +398,19 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     // reshapes that is in memory (an output).
     let at: Vec<usize> = gemms.keys().copied().collect();
     for d in at {
-        let Some(b) = bias_add(g, &mem, &consumers, &is_output, d) else {
+        let Some((add, bias)) = bias_add(g, &mem, &consumers, &is_output, d) else {
             continue;
         };
-        let (add, bias) = b;
-        move_gemm(&mut gemms, &mut mem, d, add).bias = Some(bias);
+        if let Some(plan) = move_gemm(&mut gemms, &mut mem, d, add) {
+            plan.bias = Some(bias);
+        }
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
     for p in at {
         if let Some(act) = gelu_tanh_of(g, &consumers, &is_output, p) {
-            move_gemm(&mut gemms, &mut mem, p, act).gelu_tanh = true;
+            if let Some(plan) = move_gemm(&mut gemms, &mut mem, p, act) {
+                plan.gelu_tanh = true;
+            }
         }
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
@@ -416,21 +419,23 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     let mut pinned = BTreeSet::new();
     for p in at {
         // C is added before the epilogue's activation, so not after one.
-        if pinned.contains(&p) || gemms[&p].gelu_tanh {
+        if pinned.contains(&p) || gemms.get(&p).is_some_and(|plan| plan.gelu_tanh) {
             continue;
         }
         let Some((add, r)) = residual_add(g, &mem, &consumers, &is_output, p) else {
             continue;
         };
-        pinned.insert(r);
-        move_gemm(&mut gemms, &mut mem, p, add).residual = Some(r);
+        if let Some(plan) = move_gemm(&mut gemms, &mut mem, p, add) {
+            plan.residual = Some(r);
+            pinned.insert(r);
+        }
     }
     let at: Vec<usize> = gemms.keys().copied().collect();
     for p in at {
         if pinned.contains(&p) {
             continue;
         }
-        if let Some(end) = stored_reshape(&mem, g, &consumers, &is_output, p) {
+        if let Some(end) = stored_reshape(g, &mem, &consumers, &is_output, p) {
             move_gemm(&mut gemms, &mut mem, p, end);
         }
     }
@@ -655,17 +660,40 @@ struct GemmPlan {
 }
 
 /// Moves the product whose step writes `from` to write `to` instead (`from` is then
-/// recomputed nowhere: it is a value inside the step); the plan, to add to.
+/// recomputed nowhere: it is a value inside the step); the plan, to add to. Nothing moves
+/// where `to` already has a step of its own.
 fn move_gemm<'p>(
     gemms: &'p mut HashMap<usize, GemmPlan>,
     mem: &mut [Mem],
     from: usize,
     to: usize,
-) -> &'p mut GemmPlan {
-    let plan = gemms.remove(&from).expect("a product's step");
+) -> Option<&'p mut GemmPlan> {
+    if gemms.contains_key(&to) {
+        return None;
+    }
+    let plan = gemms.remove(&from)?;
     mem[from] = Mem::Inline;
     mem[to] = Mem::Buffer;
-    gemms.entry(to).or_insert(plan)
+    Some(gemms.entry(to).or_insert(plan))
+}
+
+/// `x`'s one reader, when `x` is read by one node only and is not an output: the node a
+/// step computing `x` could write instead.
+fn sole_consumer(consumers: &[BTreeSet<usize>], is_output: &[bool], x: usize) -> Option<usize> {
+    match consumers[x].len() {
+        1 if !is_output[x] => consumers[x].first().copied(),
+        _ => None,
+    }
+}
+
+/// The operand of binary node `n` besides `x`, unless both are `x`.
+fn other_operand(n: &ember_core::ir::Node, x: usize) -> Option<usize> {
+    let other = if n.inputs[0] == x {
+        n.inputs[1]
+    } else {
+        n.inputs[0]
+    };
+    (other != x).then_some(other)
 }
 
 /// `p + bias` with the bias a vector broadcast along the rows of product `p`, its one
@@ -677,10 +705,7 @@ fn bias_add(
     is_output: &[bool],
     p: usize,
 ) -> Option<(usize, usize)> {
-    if is_output[p] || consumers[p].len() != 1 {
-        return None;
-    }
-    let &add = consumers[p].first()?;
+    let add = sole_consumer(consumers, is_output, p)?;
     let an = &g.nodes[add];
     let dtype = g.nodes[p].ty.dtype;
     // cuBLASLt's bias epilogue serves f32/f16/bf16 products (not f64 ones).
@@ -690,14 +715,7 @@ fn bias_add(
     {
         return None;
     }
-    let other = if an.inputs[0] == p {
-        an.inputs[1]
-    } else {
-        an.inputs[0]
-    };
-    if other == p {
-        return None;
-    }
+    let other = other_operand(an, p)?;
     Some((add, row_bias(g, mem, other, &g.nodes[p].ty.shape)?))
 }
 
@@ -709,10 +727,7 @@ fn gelu_tanh_of(
     is_output: &[bool],
     p: usize,
 ) -> Option<usize> {
-    if is_output[p] || consumers[p].len() != 1 {
-        return None;
-    }
-    let &act = consumers[p].first()?;
+    let act = sole_consumer(consumers, is_output, p)?;
     let dtype = g.nodes[p].ty.dtype;
     let gelu = Op::Unary(ember_core::ir::UnaryOp::GeluTanh);
     (g.nodes[act].op == gelu && dtype != DType::F64).then_some(act)
@@ -721,8 +736,8 @@ fn gelu_tanh_of(
 /// The last of a chain of reshapes of `p` (each the one consumer of the one before), when
 /// it is in memory: the same bytes as `p`, so `p`'s step can write it directly.
 fn stored_reshape(
-    mem: &[Mem],
     g: &Graph,
+    mem: &[Mem],
     consumers: &[BTreeSet<usize>],
     is_output: &[bool],
     p: usize,
@@ -732,10 +747,7 @@ fn stored_reshape(
         if link != p && mem[link] == Mem::Buffer {
             return Some(link);
         }
-        if is_output[link] || consumers[link].len() != 1 {
-            return None;
-        }
-        let &next = consumers[link].first()?;
+        let next = sole_consumer(consumers, is_output, link)?;
         if !matches!(g.nodes[next].op, Op::Reshape { .. }) {
             return None;
         }
@@ -755,22 +767,12 @@ fn residual_add(
 ) -> Option<(usize, usize)> {
     let mut link = p;
     loop {
-        if is_output[link] || consumers[link].len() != 1 {
-            return None;
-        }
-        let &next = consumers[link].first()?;
+        let next = sole_consumer(consumers, is_output, link)?;
         let n = &g.nodes[next];
         match n.op {
             Op::Reshape { .. } => link = next,
-            Op::Binary(ember_core::ir::BinaryOp::Add) => {
-                let other = if n.inputs[0] == link {
-                    n.inputs[1]
-                } else {
-                    n.inputs[0]
-                };
-                if other == link || n.ty.dtype != g.nodes[p].ty.dtype {
-                    return None;
-                }
+            Op::Binary(ember_core::ir::BinaryOp::Add) if n.ty.dtype == g.nodes[p].ty.dtype => {
+                let other = other_operand(n, link)?;
                 return Some((next, in_memory_through_reshape(g, mem, other)?));
             }
             _ => return None,
@@ -851,10 +853,7 @@ fn epilogue_root(
 ) -> Option<usize> {
     let mut link = product;
     loop {
-        if is_output[link] || consumers[link].len() != 1 {
-            return None;
-        }
-        let &next = consumers[link].first()?;
+        let next = sole_consumer(consumers, is_output, link)?;
         let op = &g.nodes[next].op;
         if !is_pointwise(op) && !matches!(op, Op::Reshape { .. }) {
             return None;

@@ -187,21 +187,23 @@ struct EmberIMin { template <typename T> EMBER_MEMBER T operator()(T a, T b) con
 
 // ---- packed loads: 16 bytes at once (8 f16/bf16 or 4 f32), for bandwidth-bound sums ----
 struct alignas(16) ember_pack { unsigned int w[4]; };
-EMBER_DEV float ember_pack_dot_bf16(ember_pack a, ember_pack b) {
+// The sum of the products of the 8 16-bit floats two packs hold, `load` widening each.
+template <typename F>
+EMBER_DEV float ember_pack_dot_16(ember_pack a, ember_pack b, F load) {
     float s = 0.0f;
     for (int j = 0; j < 4; ++j) {
-        s += ember_b2f((unsigned short)(a.w[j] & 0xffffu)) * ember_b2f((unsigned short)(b.w[j] & 0xffffu));
-        s += ember_b2f((unsigned short)(a.w[j] >> 16)) * ember_b2f((unsigned short)(b.w[j] >> 16));
+        s += load((unsigned short)(a.w[j] & 0xffffu)) * load((unsigned short)(b.w[j] & 0xffffu));
+        s += load((unsigned short)(a.w[j] >> 16)) * load((unsigned short)(b.w[j] >> 16));
     }
     return s;
 }
+struct EmberLoadBf16 { EMBER_MEMBER float operator()(unsigned short x) const { return ember_b2f(x); } };
+struct EmberLoadF16 { EMBER_MEMBER float operator()(unsigned short x) const { return ember_h2f(x); } };
+EMBER_DEV float ember_pack_dot_bf16(ember_pack a, ember_pack b) {
+    return ember_pack_dot_16(a, b, EmberLoadBf16());
+}
 EMBER_DEV float ember_pack_dot_f16(ember_pack a, ember_pack b) {
-    float s = 0.0f;
-    for (int j = 0; j < 4; ++j) {
-        s += ember_h2f((unsigned short)(a.w[j] & 0xffffu)) * ember_h2f((unsigned short)(b.w[j] & 0xffffu));
-        s += ember_h2f((unsigned short)(a.w[j] >> 16)) * ember_h2f((unsigned short)(b.w[j] >> 16));
-    }
-    return s;
+    return ember_pack_dot_16(a, b, EmberLoadF16());
 }
 EMBER_DEV float ember_pack_dot_f32(ember_pack a, ember_pack b) {
     float s = 0.0f;

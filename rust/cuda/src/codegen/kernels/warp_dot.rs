@@ -13,7 +13,7 @@ use ember_core::dtype::DType;
 use ember_core::ir::Graph;
 
 use super::super::types::{accumulate_type, store};
-use super::{product_term, sum_name, write_product, Body, CodegenError, Generator, StepKind};
+use super::{product_terms, sum_name, write_product, Body, CodegenError, Generator, StepKind};
 use crate::codegen::{stored_in_order, Launch};
 
 /// The memory a product's operands are read from in packed steps: `a`'s rows and `b`'s
@@ -106,16 +106,7 @@ impl Generator<'_> {
         let oidx = e.unravel("i", &out);
         e.line("#pragma unroll 4");
         e.open("for (i64 k = lane; k < K; k += 32)");
-        for (k, &p) in products.iter().enumerate() {
-            let pn = &g.nodes[p];
-            product_term(
-                &mut e,
-                (pn.inputs[0], pn.inputs[1]),
-                &oidx,
-                acc,
-                &sum_name(k),
-            )?;
-        }
+        product_terms(&mut e, products, &oidx, acc)?;
         e.close();
         if packed.is_some() {
             e.close();
@@ -205,8 +196,7 @@ impl Generator<'_> {
             let oidx = e.unravel("li", &out);
             e.line("#pragma unroll 4");
             e.open("for (i64 k = lane; k < K; k += 32)");
-            let n = &g.nodes[m];
-            product_term(&mut e, (n.inputs[0], n.inputs[1]), &oidx, acc, "s")?;
+            product_terms(&mut e, &[m], &oidx, acc)?;
             e.close();
             if packed[j].is_some() {
                 e.close();
@@ -234,12 +224,10 @@ impl Generator<'_> {
             also_writes: members[1..].to_vec(),
             ..Body::of(e, true)
         };
-        let threads = members
-            .iter()
-            .map(|&m| numel(&g.nodes[m].ty.shape))
-            .reduce(|a, b| a + b)
-            .expect("a group has members")
-            * Dim::from(32usize);
+        let outputs = members[1..].iter().fold(numel(&first.ty.shape), |n, &m| {
+            n + numel(&g.nodes[m].ty.shape)
+        });
+        let threads = outputs * Dim::from(32usize);
         Ok(self.add(members[0], body, Launch::Elements(threads)))
     }
 }
