@@ -6,6 +6,9 @@
 # ~1B-parameter llama decode/prefill benchmark (bounded by $LLAMA_TIMEOUT seconds, default
 # 360; 0 skips it; LLAMA_ARGS are passed on, e.g. "--runners eager,ember,inductor-ro");
 # prints a short summary table last. Results also go to $OUT (or /tmp/ember-gpu).
+# SANITIZE_TIMEOUT=N (seconds, default 0: skipped) also runs ci/gpu_sanitize.py (small
+# llama prefill/decode, cuBLASLt and generated products) under compute-sanitizer's
+# memcheck and racecheck, each bounded by N seconds.
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]
 set -uo pipefail
@@ -53,6 +56,19 @@ if [ "${LLAMA_TIMEOUT:-360}" != 0 ]; then
     llama_rc=${PIPESTATUS[0]}
 fi
 
+sanitize_rc=0
+if [ "${SANITIZE_TIMEOUT:-0}" != 0 ]; then
+    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    for tool in memcheck racecheck; do
+        timeout "$SANITIZE_TIMEOUT" "${sanitizer:-compute-sanitizer}" --tool "$tool" \
+            --error-exitcode 1 --print-limit 20 python3 ci/gpu_sanitize.py \
+            2>&1 | tee "$out/sanitize-$tool.log"
+        rc=${PIPESTATUS[0]}
+        echo "compute-sanitizer $tool exit $rc"
+        [ "$rc" -eq 0 ] || sanitize_rc=$rc
+    done
+fi
+
 echo
 echo "== summary =="
 head -n 1 "$out/gpu.txt"
@@ -71,5 +87,6 @@ except Exception as e:  # the summary must print even when pytest crashed
 PY
 [ -f "$out/gpu-bench.log" ] && tail -n 12 "$out/gpu-bench.log"
 [ -f "$out/gpu-llama.log" ] && grep -E '^(device|\|)' "$out/gpu-llama.log"
-echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ]
+[ -f "$out/sanitize-memcheck.log" ] && grep -h -E "ERROR SUMMARY|exit" "$out"/sanitize-*.log
+echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc, sanitizer exit $sanitize_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ]

@@ -6,5 +6,10 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --upgrade pip
 python3 -m pip install --quiet -e ".[test]"
 cargo test --workspace --exclude ember-python --release --quiet
+# The CUDA kernels at the GPU's launch sizes under the thread sanitizer: races between a
+# block's threads (a missing __syncthreads) that the emulator's results alone may hide.
+if [ -n "$(${CXX:-c++} -print-file-name=libtsan.so 2>/dev/null | grep /)" ]; then
+    ./scripts/emu_sanitize.sh thread launch_sizes
+fi
 python3 -m ruff check python tests bench
 python3 -m pytest -q -p no:cacheprovider

@@ -27,6 +27,16 @@ def test_products(name, backend):
     check(fn, [rand(*s) for s in shapes], backend, **TOL, new_inputs=[rand(*s) for s in shapes])
 
 
+def test_products_of_empty_sums(backend):
+    """`k = 0`: every product is an empty sum (zeros), with a bias added after."""
+    w, b = torch.zeros(6, 0), rand(6)
+
+    def fn(a, x, c, d):
+        return a @ torch.zeros(0, 5), torch.nn.functional.linear(x, w, b), torch.bmm(c, d)
+
+    check(fn, [rand(4, 0), rand(3, 0), rand(2, 3, 0), rand(2, 0, 4)], backend, **TOL)
+
+
 def test_addmm_and_baddbmm(backend):
     def fn(bias, a, b, c, d):
         return torch.addmm(bias, a, b, beta=0.5, alpha=2.0), torch.baddbmm(c, c, d)

@@ -15,7 +15,7 @@ use cudarc::driver::{result as drv, sys};
 use ember_core::dtype::DType;
 use ember_core::{Error, Result};
 
-use crate::codegen::KernelProgram;
+use crate::codegen::{KernelProgram, StepKind};
 use crate::exec::{Device, DeviceBuffer, GemmCall, Work};
 use crate::graph::GpuGraph;
 
@@ -34,17 +34,18 @@ pub(crate) fn driver_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA {what} failed: {e:?}"))
 }
 
-/// The primary context of GPU 0 and what lives as long as it: one cuBLASLt handle and its
-/// workspace.
+/// The primary context of GPU 0 and what lives as long as it: one cuBLASLt handle.
 pub struct Gpu {
     ctx: sys::CUcontext,
     pub name: String,
     pub arch: String,
     blas: ltsys::cublasLtHandle_t,
-    workspace: sys::CUdeviceptr,
     /// A stream of our own on which cuBLASLt calls are captured into graphs (capturing
     /// never touches the stream torch's work runs on).
     pub(crate) capture_stream: sys::CUstream,
+    /// Held from the beginning of a capture on `capture_stream` to its end: two programs
+    /// recording at once would otherwise begin a second capture on a capturing stream.
+    pub(crate) capture_lock: Mutex<()>,
     /// cuBLASLt handles are not safe to use from two threads at once.
     blas_lock: Mutex<()>,
 }
@@ -78,6 +79,18 @@ impl Gpu {
             .next()
             .ok_or_else(|| Error::Runtime("no usable NVIDIA GPU and driver were found".into()))?;
         drv::init().map_err(|e| driver_err("init", e))?;
+        // The bindings are CUDA 13.0's: an older driver lacks symbols they call.
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: a plain out-parameter.
+        unsafe { sys::cuDriverGetVersion(&mut version).result() }
+            .map_err(|e| driver_err("driver version", e))?;
+        if version < 13000 {
+            return Err(Error::Runtime(format!(
+                "the NVIDIA driver supports CUDA {}.{}; Ember needs a driver for CUDA 13.0 or newer",
+                version / 1000,
+                version % 1000 / 10
+            )));
+        }
         let dev = drv::device::get(0).map_err(|e| driver_err("device 0", e))?;
         // SAFETY: `dev` is a valid device; the primary context is what torch uses too.
         let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(|e| driver_err("context", e))?;
@@ -89,8 +102,6 @@ impl Gpu {
             ));
         }
         let blas = lt::create_handle().map_err(|e| driver_err("cublasLtCreate", e))?;
-        let workspace = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
-            .map_err(|e| driver_err("allocation", e))?;
         let capture_stream = drv::stream::create(drv::stream::StreamKind::NonBlocking)
             .map_err(|e| driver_err("stream creation", e))?;
         Ok(Gpu {
@@ -98,8 +109,8 @@ impl Gpu {
             name: info.name,
             arch: info.arch,
             blas,
-            workspace,
             capture_stream,
+            capture_lock: Mutex::new(()),
             blas_lock: Mutex::new(()),
         })
     }
@@ -140,6 +151,10 @@ pub struct CudaDevice {
     stream: AtomicU64,
     /// f32 products may use TF32 tensor cores.
     allow_tf32: bool,
+    /// cuBLASLt's scratch for this program's products (none without products). A program
+    /// of its own: runs of one program never overlap, while two programs may run at once
+    /// on two streams.
+    workspace: Option<GpuBuffer>,
 }
 
 // SAFETY: module and function handles are immutable driver objects usable from any thread
@@ -163,12 +178,25 @@ impl CudaDevice {
                 .map_err(|e| driver_err(&format!("kernel {}", k.name), e))?;
             functions.push(f);
         }
+        let has_products = kp.steps.iter().any(|s| matches!(s.kind, StepKind::Gemm(_)));
+        let workspace = if has_products {
+            // SAFETY: a plain allocation, freed by `GpuBuffer::drop`.
+            let ptr = unsafe { drv::malloc_sync(WORKSPACE_BYTES) }
+                .map_err(|e| driver_err("cuBLASLt workspace allocation", e))?;
+            Some(GpuBuffer {
+                ptr,
+                gpu: gpu.clone(),
+            })
+        } else {
+            None
+        };
         Ok(CudaDevice {
             gpu,
             module,
             functions,
             stream: AtomicU64::new(0),
             allow_tf32,
+            workspace,
         })
     }
 
@@ -196,6 +224,23 @@ fn data_type(d: DType) -> Result<ltsys::cudaDataType> {
     })
 }
 
+/// A cuBLASLt descriptor, destroyed on drop (on every path, errors included).
+struct Lt<T: Copy> {
+    raw: T,
+    destroy: unsafe fn(T) -> std::result::Result<(), lt::CublasError>,
+}
+
+impl<T: Copy> Drop for Lt<T> {
+    fn drop(&mut self) {
+        // SAFETY: created by the matching cuBLASLt call and destroyed once, here.
+        let _ = unsafe { (self.destroy)(self.raw) };
+    }
+}
+
+fn lt_err(what: &str) -> impl FnOnce(lt::CublasError) -> Error + '_ {
+    move |e| driver_err(what, e)
+}
+
 /// A column-major layout `rows × cols` (leading dimension `ld`), `batch` of them `stride`
 /// elements apart.
 fn layout(
@@ -205,35 +250,87 @@ fn layout(
     ld: usize,
     batch: usize,
     stride: usize,
-) -> Result<ltsys::cublasLtMatrixLayout_t> {
-    let l = lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)
-        .map_err(|e| driver_err("matrix layout", e))?;
+) -> Result<Lt<ltsys::cublasLtMatrixLayout_t>> {
+    let l = Lt {
+        raw: lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)
+            .map_err(lt_err("matrix layout"))?,
+        destroy: lt::destroy_matrix_layout,
+    };
     let count = batch as i32;
     let offset = stride as i64;
     // SAFETY: attribute buffers of the documented types and sizes.
     unsafe {
         lt::set_matrix_layout_attribute(
-            l,
+            l.raw,
             ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
             &count as *const i32 as *const c_void,
             4,
         )
-        .map_err(|e| driver_err("matrix layout", e))?;
+        .map_err(lt_err("matrix layout"))?;
         lt::set_matrix_layout_attribute(
-            l,
+            l.raw,
             ltsys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
             &offset as *const i64 as *const c_void,
             8,
         )
-        .map_err(|e| driver_err("matrix layout", e))?;
+        .map_err(lt_err("matrix layout"))?;
     }
     Ok(l)
+}
+
+/// The alignment cuBLASLt may assume of `addr`: the largest power of two dividing it, at
+/// most 256 (cuBLASLt assumes 256 unless told, and a torch tensor with a storage offset,
+/// `x[1:]`, is aligned only to its element size).
+fn alignment(addr: u64) -> u32 {
+    if addr == 0 {
+        return 256;
+    }
+    1u32 << addr.trailing_zeros().min(8)
+}
+
+fn set_desc<V>(
+    desc: ltsys::cublasLtMatmulDesc_t,
+    attr: ltsys::cublasLtMatmulDescAttributes_t,
+    value: &V,
+) -> Result<()> {
+    // SAFETY: `value` is the attribute's documented type, read during the call.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            attr,
+            value as *const V as *const c_void,
+            std::mem::size_of::<V>(),
+        )
+    }
+    .map_err(lt_err("matmul"))
+}
+
+fn set_pref<V>(
+    pref: ltsys::cublasLtMatmulPreference_t,
+    attr: ltsys::cublasLtMatmulPreferenceAttributes_t,
+    value: &V,
+) -> Result<()> {
+    // SAFETY: `value` is the attribute's documented type, read during the call.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            attr,
+            value as *const V as *const c_void,
+            std::mem::size_of::<V>(),
+        )
+    }
+    .map_err(lt_err("matmul"))
 }
 
 impl CudaDevice {
     /// cuBLASLt's `c.c = c.a · c.b` enqueued on `stream`.
     pub(crate) fn gemm_on(&self, c: &GemmCall, stream: sys::CUstream) -> Result<()> {
+        use ltsys::cublasLtMatmulDescAttributes_t as Desc;
+        use ltsys::cublasLtMatmulPreferenceAttributes_t as Pref;
         self.gpu.make_current()?;
+        let workspace = self.workspace.as_ref().ok_or_else(|| {
+            Error::Runtime("a matrix product in a program planned without one".into())
+        })?;
         let _one_at_a_time = self.gpu.blas_lock.lock().unwrap_or_else(|e| e.into_inner());
         let t = data_type(c.dtype)?;
         let (compute, scale) = if c.dtype == DType::F64 {
@@ -255,9 +352,10 @@ impl CudaDevice {
         };
         // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLASLt's "A" is our B.
         let (m, n, k) = (c.m, c.n, c.k);
-        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| driver_err("matmul", e))?;
-        let op = |transposed: bool| -> i32 { transposed as i32 };
-        let (ta, tb) = (op(c.trans_b), op(c.trans_a));
+        let desc = Lt {
+            raw: lt::create_matmul_desc(compute, scale).map_err(lt_err("matmul"))?,
+            destroy: lt::destroy_matmul_desc,
+        };
         let la = if c.trans_b {
             layout(t, k, n, k, c.batch, n * k)?
         } else {
@@ -269,106 +367,103 @@ impl CudaDevice {
             layout(t, k, m, k, c.batch, m * k)?
         };
         let lc = layout(t, n, m, n, c.batch, m * n)?;
-        let result = (|| -> Result<()> {
-            // SAFETY: descriptors created above; attribute buffers of the documented types;
-            // device pointers from the executor, sized by the plan.
-            unsafe {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    &ta as *const i32 as *const c_void,
-                    4,
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                    &tb as *const i32 as *const c_void,
-                    4,
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                let epilogue = match (c.bias != 0, c.gelu_tanh) {
-                    (false, false) => None,
-                    (true, false) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
-                    (false, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU),
-                    (true, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS),
-                };
-                if let Some(epilogue) = epilogue {
-                    lt::set_matmul_desc_attribute(
-                        desc,
-                        ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                        &epilogue as *const ltsys::cublasLtEpilogue_t as *const c_void,
-                        std::mem::size_of::<ltsys::cublasLtEpilogue_t>(),
-                    )
-                    .map_err(|e| driver_err("matmul epilogue", e))?;
-                }
-                if c.bias != 0 {
-                    // The bias is a vector along our rows' length `n`: cuBLASLt's rows (we
-                    // multiply transposed, column-major), broadcast over its columns and
-                    // batches (batch stride 0, the default).
-                    let bias = c.bias as *const c_void;
-                    lt::set_matmul_desc_attribute(
-                        desc,
-                        ltsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                        &bias as *const *const c_void as *const c_void,
-                        std::mem::size_of::<*const c_void>(),
-                    )
-                    .map_err(|e| driver_err("matmul epilogue", e))?;
-                }
-                let pref = lt::create_matmul_pref().map_err(|e| driver_err("matmul", e))?;
-                let ws = WORKSPACE_BYTES;
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    ltsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const usize as *const c_void,
-                    std::mem::size_of::<usize>(),
-                )
-                .map_err(|e| driver_err("matmul", e))?;
-                let heuristic =
-                    lt::get_matmul_algo_heuristic(self.gpu.blas, desc, la, lb, lc, lc, pref);
-                let _ = lt::destroy_matmul_pref(pref);
-                let heuristic = heuristic.map_err(|e| {
-                    driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e)
-                })?;
-                let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-                // β = 1 adds the addend (cuBLASLt's C, laid out as the result D), else 0.
-                let add = c.addend != 0;
-                let (alpha, beta): (*const c_void, *const c_void) = match (c.dtype, add) {
-                    (DType::F64, false) => (&one64 as *const f64 as _, &zero64 as *const f64 as _),
-                    (DType::F64, true) => (&one64 as *const f64 as _, &one64 as *const f64 as _),
-                    (_, false) => (&one32 as *const f32 as _, &zero32 as *const f32 as _),
-                    (_, true) => (&one32 as *const f32 as _, &one32 as *const f32 as _),
-                };
-                let c_matrix = if add { c.addend } else { c.c };
-                lt::matmul(
-                    self.gpu.blas,
-                    desc,
-                    alpha,
-                    beta,
-                    c.b as *const c_void,
-                    la,
-                    c.a as *const c_void,
-                    lb,
-                    c_matrix as *const c_void,
-                    lc,
-                    c.c as *mut c_void,
-                    lc,
-                    &heuristic.algo,
-                    self.gpu.workspace as *mut c_void,
-                    WORKSPACE_BYTES,
-                    stream as ltsys::cudaStream_t,
-                )
-                .map_err(|e| driver_err("matmul", e))
-            }
-        })();
-        // SAFETY: each descriptor is destroyed once, after its last use.
-        unsafe {
-            let _ = lt::destroy_matrix_layout(la);
-            let _ = lt::destroy_matrix_layout(lb);
-            let _ = lt::destroy_matrix_layout(lc);
-            let _ = lt::destroy_matmul_desc(desc);
+        set_desc(
+            desc.raw,
+            Desc::CUBLASLT_MATMUL_DESC_TRANSA,
+            &(c.trans_b as i32),
+        )?;
+        set_desc(
+            desc.raw,
+            Desc::CUBLASLT_MATMUL_DESC_TRANSB,
+            &(c.trans_a as i32),
+        )?;
+        let epilogue = match (c.bias != 0, c.gelu_tanh) {
+            (false, false) => None,
+            (true, false) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
+            (false, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU),
+            (true, true) => Some(ltsys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS),
+        };
+        if let Some(epilogue) = epilogue {
+            set_desc(desc.raw, Desc::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
         }
-        result
+        if c.bias != 0 {
+            // The bias is a vector along our rows' length `n`: cuBLASLt's rows (we multiply
+            // transposed, column-major), broadcast over its columns and batches (batch
+            // stride 0, the default). Its epilogue reads it in 16-byte loads: the code
+            // generator folds only biases in our own (256-byte aligned) memory.
+            if !c.bias.is_multiple_of(16) {
+                return Err(Error::Runtime(format!(
+                    "the bias of a matrix product is not 16-byte aligned (address {:#x})",
+                    c.bias
+                )));
+            }
+            let bias = c.bias as *const c_void;
+            set_desc(desc.raw, Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        }
+        let pref = Lt {
+            raw: lt::create_matmul_pref().map_err(lt_err("matmul"))?,
+            destroy: lt::destroy_matmul_pref,
+        };
+        set_pref(
+            pref.raw,
+            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &WORKSPACE_BYTES,
+        )?;
+        // β = 1 adds the addend (cuBLASLt's C, laid out as the result D), else 0.
+        let add = c.addend != 0;
+        let c_matrix = if add { c.addend } else { c.c };
+        for (attr, addr) in [
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, c.b),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, c.a),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_matrix),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c.c),
+        ] {
+            set_pref(pref.raw, attr, &alignment(addr))?;
+        }
+        // SAFETY: the handle and descriptors are live (created above).
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                self.gpu.blas,
+                desc.raw,
+                la.raw,
+                lb.raw,
+                lc.raw,
+                lc.raw,
+                pref.raw,
+            )
+        }
+        .map_err(|e| driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e))?;
+        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = match (c.dtype, add) {
+            (DType::F64, false) => (&one64 as *const f64 as _, &zero64 as *const f64 as _),
+            (DType::F64, true) => (&one64 as *const f64 as _, &one64 as *const f64 as _),
+            (_, false) => (&one32 as *const f32 as _, &zero32 as *const f32 as _),
+            (_, true) => (&one32 as *const f32 as _, &one32 as *const f32 as _),
+        };
+        // SAFETY: descriptors created above; α and β of the scale type, alive through the
+        // call; device pointers from the executor, sized by the plan; the workspace is this
+        // program's own (runs of one program never overlap).
+        unsafe {
+            lt::matmul(
+                self.gpu.blas,
+                desc.raw,
+                alpha,
+                beta,
+                c.b as *const c_void,
+                la.raw,
+                c.a as *const c_void,
+                lb.raw,
+                c_matrix as *const c_void,
+                lc.raw,
+                c.c as *mut c_void,
+                lc.raw,
+                &heuristic.algo,
+                workspace.addr() as *mut c_void,
+                WORKSPACE_BYTES,
+                stream as ltsys::cudaStream_t,
+            )
+        }
+        .map_err(lt_err("matmul"))
     }
 }
 
@@ -416,6 +511,7 @@ impl Device for CudaDevice {
     }
 
     fn launch(&self, kernel: usize, grid: u32, block: u32, args: &[u64]) -> Result<()> {
+        self.gpu.make_current()?;
         let mut params = param_pointers(args);
         // SAFETY: every kernel parameter is a 64-bit pointer, passed in signature order.
         unsafe {

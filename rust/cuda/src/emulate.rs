@@ -16,13 +16,16 @@ use ember_core::{Error, Result};
 
 use crate::codegen::KernelProgram;
 use crate::exec::{Device, DeviceBuffer, GemmCall, Work};
+use crate::memcheck::{self, Checker, Watch};
 
 const HOST_SHIM: &str = r#"
 #define EMBER_HOST 1
 #include <math.h>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <barrier>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,12 +33,15 @@ struct ember_dim3 { unsigned x, y, z; };
 static thread_local ember_dim3 threadIdx;
 static ember_dim3 blockIdx, blockDim, gridDim;
 static thread_local std::barrier<>* ember_barrier;
+static thread_local std::barrier<>* ember_warp_barrier;
 #define __global__
 #define __shared__ static
 #define __restrict__ __restrict
 #define __syncthreads() ember_barrier->arrive_and_wait()
-// No warps here: a warp's barrier is the block's (kernels call it block-uniformly).
-#define __syncwarp() ember_barrier->arrive_and_wait()
+// A warp's 32 threads meet at their own barrier, as on the GPU: a kernel that needs the
+// block to meet must say `__syncthreads` (a race otherwise, which the thread sanitizer
+// finds here as `compute-sanitizer --tool racecheck` would on a GPU).
+#define __syncwarp() ember_warp_barrier->arrive_and_wait()
 #define EMBER_INF (__builtin_inff())
 #define EMBER_NAN (__builtin_nanf(""))
 #define EMBER_INF64 (__builtin_inf())
@@ -81,9 +87,17 @@ static void ember_run(unsigned grid, unsigned block, bool cooperative, F f) {
             continue;
         }
         std::barrier<> bar(block);
+        std::vector<std::unique_ptr<std::barrier<>>> warps;
+        for (unsigned w = 0; w * 32 < block; ++w)
+            warps.emplace_back(new std::barrier<>(std::min(32u, block - w * 32)));
         std::vector<std::thread> threads;
         for (unsigned t = 0; t < block; ++t)
-            threads.emplace_back([&, t] { threadIdx = {t, 0, 0}; ember_barrier = &bar; f(); });
+            threads.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                ember_barrier = &bar;
+                ember_warp_barrier = warps[t / 32].get();
+                f();
+            });
         for (auto& th : threads) th.join();
     }
 }
@@ -125,9 +139,22 @@ fn host_source(kp: &KernelProgram) -> String {
     src
 }
 
+/// `EMBER_EMU_SANITIZE=thread` (or `address`): the kernels are compiled with that
+/// sanitizer, to find data races between a block's threads (a missing `__syncthreads` or
+/// `__syncwarp`) or reads and writes outside a buffer. The process must have the
+/// sanitizer's runtime loaded first (`LD_PRELOAD`; `scripts/emu_sanitize.sh` does it).
+fn sanitizer() -> Option<&'static str> {
+    match std::env::var("EMBER_EMU_SANITIZE").as_deref() {
+        Ok("thread") => Some("thread"),
+        Ok("address") => Some("address"),
+        _ => None,
+    }
+}
+
 fn compile(source: &str) -> Result<Arc<HostModule>> {
     static MODULES: OnceLock<Mutex<HashMap<u64, Arc<HostModule>>>> = OnceLock::new();
-    let key = fnv(source);
+    let sanitize = sanitizer();
+    let key = fnv(source) ^ fnv(sanitize.unwrap_or(""));
     // Held while compiling: two threads asking for one source must get one module (one
     // launch lock), not two handles on the same loaded library.
     let mut modules = MODULES
@@ -145,21 +172,22 @@ fn compile(source: &str) -> Result<Arc<HostModule>> {
         let src_path = dir.join(format!("k{tag}.cpp"));
         let tmp_lib = dir.join(format!("k{tag}.so"));
         std::fs::write(&src_path, source).map_err(|e| Error::Compile(e.to_string()))?;
-        let out = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-w",
-                "-o",
-            ])
+        let mut cxx = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()));
+        cxx.args(["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w"]);
+        if let Some(kind) = sanitize {
+            cxx.arg(format!("-fsanitize={kind}"))
+                .args(["-g", "-fno-omit-frame-pointer"]);
+        }
+        let out = cxx
+            .arg("-o")
             .arg(&tmp_lib)
             .arg(&src_path)
             .output()
             .map_err(|e| Error::Compile(format!("cannot run the host C++ compiler: {e}")))?;
-        let _ = std::fs::remove_file(&src_path);
+        if sanitize.is_none() {
+            // Kept when sanitizing: the sanitizer's reports point into it.
+            let _ = std::fs::remove_file(&src_path);
+        }
         if !out.status.success() {
             return Err(Error::Compile(format!(
                 "the emulated kernels do not compile:\n{}",
@@ -184,12 +212,44 @@ fn compile(source: &str) -> Result<Arc<HostModule>> {
 #[derive(Clone, Copy)]
 struct Chunk(#[allow(dead_code)] [u8; 16]);
 
-struct HostBuffer(Vec<Chunk>);
+/// The emulator's live buffers, by address: their sizes, for the guard checks.
+type Buffers = Arc<Mutex<HashMap<u64, usize>>>;
+
+/// A buffer poisoned when allocated (as `cudaMalloc`'s memory is not zeroed, a kernel that
+/// reads what nothing wrote must not read zeros here) and followed by guard bytes.
+struct HostBuffer {
+    chunks: Vec<Chunk>,
+    live: Buffers,
+}
+
+impl HostBuffer {
+    fn new(bytes: usize, live: &Buffers) -> HostBuffer {
+        let chunks =
+            vec![Chunk([memcheck::POISON; 16]); (bytes + memcheck::GUARD_BYTES).div_ceil(16)];
+        let addr = chunks.as_ptr() as u64;
+        memcheck::guard_tail(addr, bytes, true);
+        lock(live).insert(addr, bytes);
+        HostBuffer {
+            chunks,
+            live: live.clone(),
+        }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        lock(&self.live).remove(&self.addr());
+    }
+}
 
 impl DeviceBuffer for HostBuffer {
     fn addr(&self) -> u64 {
-        self.0.as_ptr() as u64
+        self.chunks.as_ptr() as u64
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 type LaunchFn = unsafe extern "C" fn(u32, u32, *mut *mut std::ffi::c_void);
@@ -198,6 +258,11 @@ type LaunchFn = unsafe extern "C" fn(u32, u32, *mut *mut std::ffi::c_void);
 pub struct EmulatedDevice {
     module: Arc<HostModule>,
     launchers: Vec<LaunchFn>,
+    kernel_names: Vec<String>,
+    /// Every buffer allocated here and alive, for the guard checks after each item.
+    buffers: Buffers,
+    /// The memory check of the run in progress (`memcheck`).
+    checker: Mutex<Option<Checker>>,
     /// Launch like the GPU does (256 threads a block, as many blocks as the work has) when
     /// `EMBER_EMULATE_GPU_LAUNCHES=1`: slower, but it checks the kernels at the GPU's sizes.
     gpu_launches: bool,
@@ -219,6 +284,9 @@ impl EmulatedDevice {
         Ok(EmulatedDevice {
             module,
             launchers,
+            kernel_names: kp.kernels.iter().map(|k| k.name.clone()).collect(),
+            buffers: Arc::default(),
+            checker: Mutex::new(None),
             gpu_launches: std::env::var("EMBER_EMULATE_GPU_LAUNCHES").is_ok_and(|v| v == "1"),
             trace: std::env::var("EMBER_EMU_TRACE").is_ok_and(|v| v == "1"),
         })
@@ -228,6 +296,28 @@ impl EmulatedDevice {
     pub fn launching_as_the_gpu(mut self) -> Self {
         self.gpu_launches = true;
         self
+    }
+
+    /// Runs one item of work under the memory check: dead values poisoned before it;
+    /// after it, the run's memory and every buffer's guard checked.
+    fn checked(&self, what: &dyn Fn() -> String, item: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut checker = lock(&self.checker);
+        if let Some(c) = checker.as_mut() {
+            c.before_item();
+        }
+        item()?;
+        if let Some(c) = checker.as_mut() {
+            c.after_item()?;
+        }
+        for (&addr, &bytes) in lock(&self.buffers).iter() {
+            if let Some(k) = memcheck::guard_tail(addr, bytes, false) {
+                return Err(Error::Runtime(format!(
+                    "emulator memory check: {} wrote {k} bytes past the end of a buffer of {bytes} bytes",
+                    what()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -255,16 +345,45 @@ fn write_f(dtype: DType, base: u64, i: usize, v: f64) {
     }
 }
 
+/// cuBLASLt's product as a plain host loop (f64 accumulation, rounded once).
+fn host_gemm(c: &GemmCall) -> Result<()> {
+    let (m, n, k) = (c.m, c.n, c.k);
+    for b in 0..c.batch {
+        let (ab, bb, cb) = (b * m * k, b * k * n, b * m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for p in 0..k {
+                    let ai = if c.trans_a { p * m + i } else { i * k + p };
+                    let bi = if c.trans_b { j * k + p } else { p * n + j };
+                    s += read_f(c.dtype, c.a, ab + ai) * read_f(c.dtype, c.b, bb + bi);
+                }
+                if c.bias != 0 {
+                    // cuBLASLt's epilogue: added to the f32 accumulator, rounded once.
+                    s += read_f(c.dtype, c.bias, j);
+                }
+                if c.addend != 0 {
+                    // cuBLASLt's β·C, likewise.
+                    s += read_f(c.dtype, c.addend, cb + i * n + j);
+                }
+                if c.gelu_tanh {
+                    let inner = 0.797_884_560_802_865_4 * (s + 0.044715 * s * s * s);
+                    s = 0.5 * s * (1.0 + inner.tanh());
+                }
+                write_f(c.dtype, c.c, cb + i * n + j, s);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Device for EmulatedDevice {
     /// A recording is the list of work itself, replayed in order (what a CUDA graph of a
     /// chain of nodes does), so the executor's recording, patching and bucketing run here.
     type Recording = Vec<Work>;
 
     fn alloc(&self, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        Ok(Box::new(HostBuffer(vec![
-            Chunk([0; 16]);
-            bytes.div_ceil(16)
-        ])))
+        Ok(Box::new(HostBuffer::new(bytes, &self.buffers)))
     }
 
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
@@ -285,48 +404,32 @@ impl Device for EmulatedDevice {
             .iter_mut()
             .map(|v| v as *mut u64 as *mut std::ffi::c_void)
             .collect();
-        // SAFETY: the launcher unpacks exactly the kernel's parameters from `ptrs`.
         if self.trace {
             eprintln!("launch k{kernel} grid {grid} block {block} args {args:x?}");
         }
-        let _alone = self
-            .module
-            .launching
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        unsafe { (self.launchers[kernel])(grid, block, ptrs.as_mut_ptr()) };
-        Ok(())
+        let launcher = *self
+            .launchers
+            .get(kernel)
+            .ok_or_else(|| Error::Runtime(format!("no kernel {kernel} in the module")))?;
+        let name = || format!("kernel {}", self.kernel_names[kernel]);
+        self.checked(&name, || {
+            let _alone = lock(&self.module.launching);
+            // SAFETY: the launcher unpacks exactly the kernel's parameters from `ptrs`.
+            unsafe { launcher(grid, block, ptrs.as_mut_ptr()) };
+            Ok(())
+        })
     }
 
     fn gemm(&self, c: &GemmCall) -> Result<()> {
-        let (m, n, k) = (c.m, c.n, c.k);
-        for b in 0..c.batch {
-            let (ab, bb, cb) = (b * m * k, b * k * n, b * m * n);
-            for i in 0..m {
-                for j in 0..n {
-                    let mut s = 0.0f64;
-                    for p in 0..k {
-                        let ai = if c.trans_a { p * m + i } else { i * k + p };
-                        let bi = if c.trans_b { j * k + p } else { p * n + j };
-                        s += read_f(c.dtype, c.a, ab + ai) * read_f(c.dtype, c.b, bb + bi);
-                    }
-                    if c.bias != 0 {
-                        // cuBLASLt's epilogue: added to the f32 accumulator, rounded once.
-                        s += read_f(c.dtype, c.bias, j);
-                    }
-                    if c.addend != 0 {
-                        // cuBLASLt's β·C, likewise.
-                        s += read_f(c.dtype, c.addend, cb + i * n + j);
-                    }
-                    if c.gelu_tanh {
-                        let inner = 0.797_884_560_802_865_4 * (s + 0.044715 * s * s * s);
-                        s = 0.5 * s * (1.0 + inner.tanh());
-                    }
-                    write_f(c.dtype, c.c, cb + i * n + j, s);
-                }
-            }
-        }
-        Ok(())
+        self.checked(&|| "a library product".to_string(), || host_gemm(c))
+    }
+
+    fn checks_memory(&self) -> bool {
+        true
+    }
+
+    fn watch(&self, watch: Watch) {
+        *lock(&self.checker) = Some(Checker::new(watch));
     }
 
     fn launch_limits(&self, cooperative: bool) -> (u32, u32) {

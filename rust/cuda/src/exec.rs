@@ -20,6 +20,7 @@ use ember_core::{Error, Result};
 
 use crate::codegen::{Dest, KernelProgram, Mem, StepKind};
 use crate::layout::{self, Layout, ALIGN};
+use crate::memcheck::{RunMemory, Watch};
 
 /// Signatures kept before the plan cache is cleared.
 const MAX_PLANS: usize = 64;
@@ -121,6 +122,14 @@ pub trait Device: Send + Sync {
 
     /// A point in `stream`'s work: where it is reached, the device notes the time (a CUDA
     /// event on the GPU; the host clock in the emulator, whose work is done when queued).
+    /// Whether the device checks each run's memory accesses against a `Watch` (the
+    /// emulator does; a GPU leaves that to `compute-sanitizer`).
+    fn checks_memory(&self) -> bool {
+        false
+    }
+    /// The memory of the run about to start, for a device that checks it.
+    fn watch(&self, _watch: Watch) {}
+
     type Mark;
     fn mark(&self, stream: u64) -> Result<Self::Mark>;
     /// Seconds from `start` to `end` being reached (waits for `end`).
@@ -176,18 +185,19 @@ struct RunState<R> {
 }
 
 pub struct Program<D: Device> {
-    pub kp: KernelProgram,
-    pub device: D,
+    /// Runs are serialized: they share the arena, `meta` and the recordings. (Fields drop
+    /// in order: the recordings and buffers go before the device whose module they use.)
+    run_state: Mutex<RunState<D::Recording>>,
     /// Device copies of weights and constants, by node.
     weights: HashMap<usize, Box<dyn DeviceBuffer>>,
+    pub kp: KernelProgram,
+    pub device: D,
     /// For buffers written straight into a caller's output: which output.
     output_of: HashMap<usize, usize>,
     /// Some kernel checks indices read from tensors (and flags a failure in `meta[0]`), so
     /// a run waits for the device to read the flag back.
     checks_indices: bool,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
-    /// Runs are serialized: they share the arena, `meta` and the recordings.
-    run_state: Mutex<RunState<D::Recording>>,
 }
 
 /// A buffer of at least `bytes` from `slot`, reallocated only to grow.
@@ -205,6 +215,12 @@ fn reuse<D: Device>(
         *slot = Some((bytes, device.alloc(bytes)?));
     }
     Ok(slot.as_ref().map(|(_, b)| b.addr()).unwrap_or(0))
+}
+
+/// The bytes the arena buffer holds (all of them: a kernel may not write any byte of it
+/// outside a live value).
+fn arena_capacity<R>(state: &RunState<R>) -> usize {
+    state.arena.as_ref().map_or(0, |(cap, _)| *cap)
 }
 
 fn bytes_of(shape: &[usize], dtype: ember_core::dtype::DType) -> usize {
@@ -307,7 +323,8 @@ impl<D: Device> Program<D> {
             .stats
     }
 
-    /// The run's work under `layout`, with the dims of `env`.
+    /// The run's work under `layout`, with the dims of `env`, and the step each item comes
+    /// from (steps with no work under `env` have no item).
     fn work(
         &self,
         layout: &Layout,
@@ -316,7 +333,7 @@ impl<D: Device> Program<D> {
         base: u64,
         inputs: &[u64],
         outputs: &[u64],
-    ) -> Result<Vec<Work>> {
+    ) -> Result<(Vec<Work>, Vec<usize>)> {
         let kp = &self.kp;
         let addr_of =
             |node: usize| -> Result<u64> {
@@ -341,6 +358,7 @@ impl<D: Device> Program<D> {
                 }
             };
         let mut work = Vec::with_capacity(kp.steps.len());
+        let mut item_steps = Vec::with_capacity(kp.steps.len());
         let address = |dest: Dest| match dest {
             Dest::Node(n) => base + layout.offsets[&n] as u64,
             Dest::Output(k) => outputs[k],
@@ -372,6 +390,7 @@ impl<D: Device> Program<D> {
                         block: geom.threads,
                         args: params,
                     });
+                    item_steps.push(s);
                 }
                 StepKind::Gemm(gm) => {
                     let ev = |d: &ember_core::dim::Dim| -> Result<usize> {
@@ -394,11 +413,57 @@ impl<D: Device> Program<D> {
                     };
                     if call.batch * call.m * call.n > 0 {
                         work.push(Work::Gemm(call));
+                        item_steps.push(s);
                     }
                 }
             }
         }
-        Ok(work)
+        Ok((work, item_steps))
+    }
+
+    /// Tells a device that checks memory (the emulator) what the run about to start may
+    /// touch, and where.
+    #[allow(clippy::too_many_arguments)]
+    fn watch(
+        &self,
+        plan: &Plan,
+        layout: &Layout,
+        arena: (u64, usize),
+        inputs: &[u64],
+        outputs: &[u64],
+        item_steps: Vec<usize>,
+    ) -> Result<()> {
+        if !self.device.checks_memory() {
+            return Ok(());
+        }
+        let g = &self.kp.graph;
+        let sized = |addrs: &[u64], nodes: &[usize], shapes: &[Vec<usize>]| {
+            addrs
+                .iter()
+                .zip(nodes)
+                .zip(shapes)
+                .map(|((&a, &n), shape)| (a, bytes_of(shape, g.ty(n).dtype)))
+                .collect::<Vec<_>>()
+        };
+        let in_shapes: Vec<Vec<usize>> = g.inputs.iter().map(|&i| plan.shapes[i].clone()).collect();
+        let out_shapes: Vec<Vec<usize>> =
+            g.outputs.iter().map(|&o| plan.shapes[o].clone()).collect();
+        let mut weights = Vec::new();
+        for (&n, buf) in &self.weights {
+            weights.push((n, buf.addr(), bytes_of(&plan.shapes[n], g.ty(n).dtype)));
+        }
+        let watch = Watch::new(RunMemory {
+            kp: &self.kp,
+            layout,
+            env: &plan.env,
+            arena,
+            inputs: sized(inputs, &g.inputs, &in_shapes),
+            outputs: sized(outputs, &g.outputs, &out_shapes),
+            weights,
+            item_steps,
+        })?;
+        self.device.watch(watch);
+        Ok(())
     }
 
     /// The bucket key of `env`: each symbol's bucket, in `meta` order.
@@ -457,7 +522,9 @@ impl<D: Device> Program<D> {
                 }
             };
             let base = reuse(&self.device, &mut state.arena, exact.arena_bytes.max(ALIGN))?;
-            let work = self.work(exact, &plan.env, meta_addr, base, inputs, outputs)?;
+            let (work, items) = self.work(exact, &plan.env, meta_addr, base, inputs, outputs)?;
+            let arena = (base, arena_capacity(state));
+            self.watch(&plan, exact, arena, inputs, outputs, items)?;
             self.run_steps(state, &work, meta_addr, &meta_bytes)?;
         }
         if self.checks_indices {
@@ -511,7 +578,10 @@ impl<D: Device> Program<D> {
             }
             bucket.recorded = None;
         }
-        let work = self.work(&bucket.layout, &plan.env, meta_addr, base, inputs, outputs)?;
+        let (work, items) =
+            self.work(&bucket.layout, &plan.env, meta_addr, base, inputs, outputs)?;
+        let arena = (base, arena_capacity(state));
+        self.watch(plan, &bucket.layout, arena, inputs, outputs, items)?;
         let mut fresh = true;
         if let Some(rec) = bucket.recorded.as_mut() {
             let same_shape = rec.work.len() == work.len()
@@ -584,12 +654,17 @@ impl<D: Device> Program<D> {
         self.device.download(meta_addr, &mut flag)?;
         let failed = i64::from_le_bytes(flag);
         if failed != 0 {
-            let node = &self.kp.graph.nodes[(failed - 1) as usize];
-            return Err(Error::Runtime(format!(
-                "index out of range in {} (node '{}')",
-                node.op.name(),
-                node.origin
-            )));
+            let node = usize::try_from(failed - 1)
+                .ok()
+                .and_then(|n| self.kp.graph.nodes.get(n));
+            return Err(Error::Runtime(match node {
+                Some(node) => format!(
+                    "index out of range in {} (node '{}')",
+                    node.op.name(),
+                    node.origin
+                ),
+                None => format!("a kernel flagged an error this program cannot name ({failed})"),
+            }));
         }
         Ok(())
     }

@@ -176,6 +176,11 @@ impl CudaDevice {
     /// One cuBLASLt product captured (not run) as a graph of its own.
     fn capture_gemm(&self, call: &GemmCall) -> Result<sys::CUgraph> {
         let stream = self.gpu.capture_stream;
+        let _one_capture = self
+            .gpu
+            .capture_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // SAFETY: our own stream, captured in thread-local mode so other threads' CUDA
         // calls (torch's) are not affected; the capture is ended on every path.
         unsafe {

@@ -101,7 +101,12 @@ fn scratch_elem(kp: &KernelProgram, node: usize) -> usize {
 }
 
 /// Scratch bytes step `s` needs under `env` when launched on `blocks` blocks.
-fn scratch_bytes(kp: &KernelProgram, s: usize, blocks: u32, env: &SymbolBindings) -> Result<usize> {
+pub(crate) fn scratch_bytes(
+    kp: &KernelProgram,
+    s: usize,
+    blocks: u32,
+    env: &SymbolBindings,
+) -> Result<usize> {
     let step = &kp.steps[s];
     let StepKind::Kernel {
         scratch_per_block: Some(per_block),
@@ -115,7 +120,7 @@ fn scratch_bytes(kp: &KernelProgram, s: usize, blocks: u32, env: &SymbolBindings
 }
 
 /// Bytes of the partial results step `s` writes under `env` (0 when it writes none).
-fn partial_bytes(kp: &KernelProgram, s: usize, env: &SymbolBindings) -> Result<usize> {
+pub(crate) fn partial_bytes(kp: &KernelProgram, s: usize, env: &SymbolBindings) -> Result<usize> {
     let step = &kp.steps[s];
     let StepKind::Kernel {
         partials: Some(Partials::Write(elems)),

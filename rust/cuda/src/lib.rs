@@ -6,6 +6,8 @@
 //!   for the GPU), so CI checks what the kernels compute on machines without a GPU.
 //! * `layout`: arena offsets from liveness, scratch and launch sizes, for one or more dim
 //!   bindings (a dim bucket).
+//! * `memcheck`: the emulator's memory checker (out-of-bounds writes, reads of unwritten
+//!   memory, writes into a neighbour's value).
 //! * `exec`: the executor shared by the GPU and the emulator: weights, `meta`, the steps
 //!   launched one by one or replayed from a recording (a CUDA graph) per dim bucket.
 //! * `device`: the GPU through cudarc (libcuda, libnvrtc, libcublasLt loaded at run time);
@@ -15,6 +17,7 @@ pub mod codegen;
 pub mod emulate;
 pub mod exec;
 pub mod layout;
+pub mod memcheck;
 
 use ember_core::backend::{Backend, Executable, LoweringRule, Weights};
 use ember_core::ir::{Graph, Op};

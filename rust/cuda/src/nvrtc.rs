@@ -76,13 +76,15 @@ pub fn compile(source: &str, arch: &str) -> Result<Arc<Vec<u8>>> {
     static CACHE: OnceLock<Mutex<HashMap<u64, Arc<Vec<u8>>>>> = OnceLock::new();
     let (major, minor) = version()?;
     let nvrtc = format!("{major}.{minor}");
-    let key = fnv(&[source, arch, &nvrtc]);
+    let key = fnv(&[source, arch, &nvrtc, &options(arch).join(" ")]);
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(c) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(c.clone());
     }
     let path = disk_dir().map(|d| d.join(format!("{key:016x}-{arch}.cubin")));
-    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+    // A file that is not an ELF object (cut short, overwritten) is compiled again.
+    let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+    if let Some(bytes) = cached.filter(|b| b.starts_with(b"\x7fELF")) {
         let c = Arc::new(bytes);
         cache
             .lock()
@@ -108,11 +110,9 @@ pub fn compile(source: &str, arch: &str) -> Result<Arc<Vec<u8>>> {
     Ok(cubin)
 }
 
-fn compile_uncached(source: &str, arch: &str) -> Result<Vec<u8>> {
-    let src =
-        CString::new(source).map_err(|_| Error::Compile("CUDA source holds a NUL byte".into()))?;
-    let name = CString::new("ember_kernels.cu").unwrap_or_default();
-    let options: Vec<CString> = [
+/// NVRTC's options for `arch` (part of the cache key: other options, other code).
+fn options(arch: &str) -> Vec<String> {
+    vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         // Exact IEEE division and square roots: results must match eager PyTorch.
@@ -120,9 +120,16 @@ fn compile_uncached(source: &str, arch: &str) -> Result<Vec<u8>> {
         "--prec-sqrt=true".into(),
         "--fmad=true".into(),
     ]
-    .into_iter()
-    .filter_map(|o| CString::new(o).ok())
-    .collect();
+}
+
+fn compile_uncached(source: &str, arch: &str) -> Result<Vec<u8>> {
+    let src =
+        CString::new(source).map_err(|_| Error::Compile("CUDA source holds a NUL byte".into()))?;
+    let name = CString::new("ember_kernels.cu").unwrap_or_default();
+    let options: Vec<CString> = options(arch)
+        .into_iter()
+        .filter_map(|o| CString::new(o).ok())
+        .collect();
     let opt_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid C strings that outlive the calls; `prog` is destroyed below.

@@ -101,6 +101,50 @@ fn linear_layer_is_one_gemm_reading_the_weight_transposed_with_the_bias_in_its_e
 }
 
 #[test]
+fn a_bias_the_caller_passes_is_added_by_a_kernel_not_the_epilogue() {
+    // cuBLASLt's bias epilogue needs a 16-byte aligned vector; a caller's tensor may start
+    // anywhere (`b[1:]`), so only weights and arena values are folded.
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, dims(&[4, 8]));
+    let b = input(&mut g, 1, DType::F32, dims(&[16]));
+    let w = weight(&mut g, "w", &[8, 16]);
+    let product = g.add(Op::Dot, &[x, w], "mm").unwrap();
+    let b1 = g
+        .add(
+            Op::Reshape {
+                shape: dims(&[1, 16]),
+            },
+            &[b],
+            "b1",
+        )
+        .unwrap();
+    let bb = g
+        .add(
+            Op::Expand {
+                shape: dims(&[4, 16]),
+            },
+            &[b1],
+            "bb",
+        )
+        .unwrap();
+    let out = g
+        .add(Op::Binary(BinaryOp::Add), &[product, bb], "add")
+        .unwrap();
+    g.outputs = vec![out];
+    let kp = generate(&g).unwrap();
+    let StepKind::Gemm(gm) = &kp.steps[0].kind else {
+        panic!("first step is not a gemm: {:?}", kp.steps[0]);
+    };
+    assert_eq!(gm.bias, None);
+    assert_eq!(
+        kp.steps.len(),
+        2,
+        "the add is a kernel of its own: {:?}",
+        kp.steps
+    );
+}
+
+#[test]
 fn views_and_elementwise_chains_fuse_into_one_kernel_without_copies() {
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, dims(&[2, 3, 4]));

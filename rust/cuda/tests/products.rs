@@ -4,33 +4,17 @@
 //! operand, batched products; every dtype cuBLASLt takes; sums whose length is no multiple
 //! of a warp, and output counts that leave warps of a block idle.
 
-use ember_core::backend::{Executable, Weights};
-use ember_core::dim::Dim;
+mod common;
+
+use common::{dims, input, run_program, values};
+use ember_core::backend::Weights;
 use ember_core::dtype::DType;
 use ember_core::interp::{self, Value};
 use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp};
-use ember_core::tensor::{contiguous_strides, HostTensor, TensorOut, TensorView};
+use ember_core::tensor::HostTensor;
 use ember_cuda::codegen::{generate, Dest, KERNEL_THREAD_DOT, KERNEL_WARP_DOT};
-use ember_cuda::emulate::EmulatedDevice;
-use ember_cuda::exec::Program;
 
 const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::F64];
-
-fn dims(shape: &[usize]) -> Vec<Dim> {
-    shape.iter().map(|&d| Dim::from(d)).collect()
-}
-
-fn values(n: usize, seed: usize) -> Vec<f64> {
-    (0..n)
-        .map(|i| (((i * 31 + seed * 17) % 29) as f64 - 14.0) / 16.0)
-        .collect()
-}
-
-/// Input `index` of `shape`.
-fn input(g: &mut Graph, index: usize, dtype: DType, shape: &[usize], name: &str) -> usize {
-    let ty = TensorType::new(dtype, dims(shape));
-    g.add_source(Op::Input { index }, ty, name).unwrap()
-}
 
 /// A `[n, k]` weight `name` (test values from `seed`, registered in `weights`), as the
 /// `[k, n]` transpose a linear layer multiplies by.
@@ -105,45 +89,7 @@ fn run_choice_all(
             .all(|s| !matches!(s.kind, ember_cuda::codegen::StepKind::Gemm(_))),
         "{kernel}: no product is left to cuBLASLt"
     );
-    let mut device = EmulatedDevice::new(&kp).unwrap();
-    if gpu_launches {
-        device = device.launching_as_the_gpu();
-    }
-    let program = Program::new(kp, device, weights).unwrap();
-    let bytes: Vec<Vec<u8>> = inputs.iter().map(|v| v.to_bytes()).collect();
-    let views: Vec<TensorView> = inputs
-        .iter()
-        .zip(&bytes)
-        .map(|(v, b)| TensorView {
-            ptr: b.as_ptr(),
-            dtype: v.dtype,
-            shape: v.shape.clone(),
-            strides: contiguous_strides(&v.shape),
-        })
-        .collect();
-    let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
-    let out_shapes = Executable::output_shapes(&program, &shapes).unwrap();
-    let dtypes: Vec<DType> = graph.outputs.iter().map(|&o| graph.ty(o).dtype).collect();
-    let mut outs: Vec<Vec<u8>> = out_shapes
-        .iter()
-        .zip(&dtypes)
-        .map(|(s, d)| vec![0u8; s.iter().product::<usize>() * d.size()])
-        .collect();
-    let targets: Vec<TensorOut> = outs
-        .iter_mut()
-        .zip(out_shapes.iter().zip(&dtypes))
-        .map(|(o, (s, &d))| TensorOut {
-            ptr: o.as_mut_ptr(),
-            dtype: d,
-            shape: s.clone(),
-        })
-        .collect();
-    // SAFETY: the views and the outputs point at live buffers of their shapes.
-    unsafe { Executable::run(&program, &views, &targets) }.unwrap();
-    outs.iter()
-        .zip(out_shapes.into_iter().zip(dtypes))
-        .map(|(o, (s, d))| Value::from_bytes(d, s, o).unwrap().to_f64_vec())
-        .collect()
+    run_program(kp, weights, inputs, gpu_launches).unwrap()
 }
 
 fn check(what: &str, got: &[f64], want: &Value) {
@@ -153,14 +99,7 @@ fn check(what: &str, got: &[f64], want: &Value) {
         // The kernel rounds once from an f32 sum; the interpreter's sum is exact.
         _ => 1e-2,
     };
-    let want = want.to_f64_vec();
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            (a - b).abs() <= rtol * (1.0 + b.abs()),
-            "{what}: element {i} is {a}, expected {b}"
-        );
-    }
+    common::check(what, got, &want.to_f64_vec(), rtol);
 }
 
 #[test]

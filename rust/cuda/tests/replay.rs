@@ -214,11 +214,11 @@ fn the_device_timer_replays_the_recording_and_patches_only_once() {
         assert_eq!(after.direct - before.direct, 6);
         return;
     }
-    // One untimed run (new buffers: patched in), then five timed replays of the same
+    // One untimed run (new buffers: patched in, unless the allocator gave the timer the
+    // addresses the last run's buffers had), then five timed replays of the same
     // recording with nothing to patch.
     assert_eq!(after.replayed - before.replayed, 6);
     assert_eq!(after.recorded, before.recorded);
-    assert!(warmed.patched > before.patched);
     assert_eq!(after.patched, warmed.patched, "timed runs patch nothing");
 }
 

@@ -372,7 +372,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
     // and rows in memory are what its packed loads read.
     let mut gemms: HashMap<usize, GemmPlan> = HashMap::new(); // by the node its step writes
     for (id, n) in g.nodes.iter().enumerate() {
-        let gemm = matches!(n.op, Op::Dot) && gemm_dtype(n.ty.dtype);
+        let gemm = library_product(g, id);
         if !gemm && !is_generated_product(g, id) {
             continue;
         }
@@ -821,11 +821,23 @@ fn is_weight(g: &Graph, mem: &[Mem], x: usize) -> bool {
     }
 }
 
+/// A matrix product cuBLASLt computes: a plain `dot` of a dtype it takes, over a sum that
+/// is not empty (`k = 0`, whose result is zeros, is left to a generated kernel rather than
+/// to cuBLASLt's undocumented handling of it).
+fn library_product(g: &Graph, id: usize) -> bool {
+    let n = &g.nodes[id];
+    let empty_sum = || {
+        let a = &g.nodes[n.inputs[0]].ty.shape;
+        a.last().and_then(|k| k.as_const()) == Some(0)
+    };
+    n.op == Op::Dot && gemm_dtype(n.ty.dtype) && !empty_sum()
+}
+
 /// A matrix product a generated kernel computes (not cuBLASLt).
 fn is_generated_product(g: &Graph, id: usize) -> bool {
     match &g.nodes[id].op {
         Op::Kernel { base, .. } => **base == Op::Dot,
-        Op::Dot => !gemm_dtype(g.nodes[id].ty.dtype),
+        Op::Dot => !library_product(g, id),
         _ => false,
     }
 }
@@ -947,5 +959,9 @@ fn row_bias(g: &Graph, mem: &[Mem], x: usize, out: &[Dim]) -> Option<usize> {
     if lead.iter().any(|d| d.as_const() != Some(1)) || last.provably_equal(n) != Some(true) {
         return None;
     }
-    in_memory_through_reshape(g, mem, src)
+    // cuBLASLt's bias epilogue reads in 16-byte loads: only our own memory (weights and
+    // the arena, 256-byte aligned) is sure to be aligned; a caller's tensor may start
+    // anywhere (`b[1:]`).
+    let bias = in_memory_through_reshape(g, mem, src)?;
+    (!matches!(mem[bias], Mem::Input(_))).then_some(bias)
 }

@@ -212,9 +212,10 @@ EMBER_DEV float ember_pack_dot_f32(ember_pack a, ember_pack b) {
 }
 
 // ---- warp-wide reductions (blockDim.x a multiple of 32) ----
-// `combine` over the 32 lanes of each warp, the result in every lane. On the GPU a
-// butterfly of shuffles; the emulator has no warps, so there the block's threads meet in
-// `smem` (a slot per thread) at barriers, and every thread of the block must call it.
+// `combine` over the 32 lanes of each warp, the result in every lane; every lane of the
+// warp must call it (a full-mask shuffle). On the GPU a butterfly of shuffles; the
+// emulator has no shuffles, so there the warp's threads meet in `smem` (a slot per
+// thread) at the warp's barrier.
 #ifndef EMBER_HOST
 template <typename T, typename F>
 EMBER_DEV T ember_warp_reduce(T v, T*, F combine) {
@@ -226,13 +227,13 @@ template <typename T, typename F>
 EMBER_DEV T ember_warp_reduce(T v, T* smem, F combine) {
     const unsigned t = threadIdx.x, lane = t & 31u;
     smem[t] = v;
-    __syncthreads();
+    __syncwarp();
     for (unsigned s = 16; s > 0; s >>= 1) {
         if (lane < s) smem[t] = combine(smem[t], smem[t + s]);
-        __syncthreads();
+        __syncwarp();
     }
     T r = smem[t - lane];
-    __syncthreads();
+    __syncwarp();
     return r;
 }
 #endif
