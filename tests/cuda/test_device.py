@@ -78,3 +78,68 @@ def test_compile_onnx_on_cuda_matches_onnxruntime():
     (on_gpu,) = compiled(torch.from_numpy(x).cuda())  # torch CUDA in, torch CUDA out
     assert on_gpu.device.type == "cuda"
     np.testing.assert_allclose(on_gpu.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_products_of_tensors_at_unaligned_addresses(dtype):
+    """A tensor with a storage offset (`x[1:]` of rows of 7) is contiguous but aligned only
+    to its element: cuBLASLt must be told so (it assumes 256 bytes otherwise)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(7, 5).cuda().to(dtype).eval()
+
+    def fn(h, r):
+        return r + model(h)
+
+    big_h = torch.randn(6, 7, device="cuda", dtype=dtype)
+    big_r = torch.randn(6, 5, device="cuda", dtype=dtype)
+    h, r = big_h[1:], big_r[1:]
+    assert h.is_contiguous() and h.data_ptr() % 16 != 0
+    compiled = torch.compile(fn, backend="ember")
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(h, r), fn(h, r), rtol=tol, atol=tol)
+        # The same program on aligned copies (the recording patched to new addresses).
+        h2, r2 = h.clone(), r.clone()
+        torch.testing.assert_close(compiled(h2, r2), fn(h2, r2), rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
+def test_two_programs_run_at_once_on_two_streams():
+    """Each program has its own cuBLASLt workspace and records its graphs one capture at a
+    time: two threads, each with a program and a stream of its own, never mix results."""
+    import threading
+
+    torch.manual_seed(0)
+    models = [
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        .cuda()
+        .eval()
+        for _ in range(2)
+    ]
+    x = torch.randn(128, 64, device="cuda")
+    compiled = [ember.compile(m, x, search_iterations=0, cache=False) for m in models]
+    with torch.no_grad():
+        want = [m(x) for m in models]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(50):
+                    got = compiled[k](x)
+                    torch.testing.assert_close(got, want[k], rtol=1e-4, atol=1e-4)
+            stream.synchronize()
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    torch.cuda.synchronize()  # `x` and `want` are ready before other streams read them
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
