@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ember_core::backend::{DeviceTimer, Executable, Weights};
-use ember_core::dim::SymbolBindings;
+use ember_core::dim::{Dim, SymbolBindings};
 use ember_core::ir::Op;
 use ember_core::shapes::resolve;
 use ember_core::tensor::{TensorOut, TensorView};
@@ -197,6 +197,11 @@ pub struct Program<D: Device> {
     /// Some kernel checks indices read from tensors (and flags a failure in `meta[0]`), so
     /// a run waits for the device to read the flag back.
     checks_indices: bool,
+    /// (node, the length of the axis it indexes, the shape of its indices) of each gather,
+    /// index select and scatter: an empty axis with indices to look up is refused before
+    /// any launch, since a kernel would read (or write) element 0 of nothing — an illegal
+    /// address on the GPU, which breaks the CUDA context.
+    indexed_axes: Vec<(usize, Dim, Vec<Dim>)>,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
 }
 
@@ -275,12 +280,29 @@ impl<D: Device> Program<D> {
             })
             .collect();
         let checks_indices = kp.source.contains("ember_index(");
+        let g = &kp.graph;
+        let indexed_axes = g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, n)| {
+                let axis = match n.op {
+                    Op::Gather { axis } | Op::IndexSelect { axis } | Op::Scatter { axis, .. } => {
+                        axis
+                    }
+                    _ => return None,
+                };
+                let len = g.ty(n.inputs[0]).shape.get(axis)?.clone();
+                Some((id, len, g.ty(*n.inputs.get(1)?).shape.clone()))
+            })
+            .collect();
         Ok(Program {
             kp,
             device,
             weights: uploaded,
             output_of,
             checks_indices,
+            indexed_axes,
             plans: Mutex::new(HashMap::new()),
             run_state: Mutex::new(RunState {
                 arena: None,
@@ -504,6 +526,7 @@ impl<D: Device> Program<D> {
         self.device.set_stream(stream);
         state.stream = Some(stream);
 
+        self.check_indexed_axes(&plan.env)?;
         let mut meta: Vec<i64> = vec![0];
         for s in &self.kp.symbols {
             meta.push(*plan.env.get(s).unwrap_or(&0));
@@ -645,6 +668,25 @@ impl<D: Device> Program<D> {
             w.run(&self.device)?;
         }
         state.stats.direct += 1;
+        Ok(())
+    }
+
+    /// Refuses a call whose indices point into an empty axis (before anything runs).
+    fn check_indexed_axes(&self, env: &SymbolBindings) -> Result<()> {
+        for (node, len, index_shape) in &self.indexed_axes {
+            let mut indices = 1i64;
+            for d in index_shape {
+                indices = indices.saturating_mul(d.eval(env)?.max(0));
+            }
+            if indices > 0 && len.eval(env)? <= 0 {
+                let n = &self.kp.graph.nodes[*node];
+                return Err(Error::Runtime(format!(
+                    "index out of range in {} (node '{}'): {indices} indices into an empty axis",
+                    n.op.name(),
+                    n.origin
+                )));
+            }
+        }
         Ok(())
     }
 

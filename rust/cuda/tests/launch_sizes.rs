@@ -19,6 +19,7 @@ const WIDTH: usize = 300;
 
 fn rtol(dtype: DType) -> f64 {
     match dtype {
+        DType::F64 => 1e-12,
         DType::F32 => 1e-5,
         _ => 1e-2,
     }
@@ -94,9 +95,9 @@ fn cumsum_and_argsort_of_long_lines() {
     }
 }
 
-/// Attention of `l` query rows over `s` keys, 2 heads of 16 dims.
-fn attention(dtype: DType, l: usize, s: usize, causal: bool) -> (Graph, Vec<Value>) {
-    let (heads, e) = (2, 16);
+/// Attention of `l` query rows over `s` keys, 2 heads of `e` dims.
+fn attention(dtype: DType, l: usize, s: usize, e: usize, causal: bool) -> (Graph, Vec<Value>) {
+    let heads = 2;
     let mut g = Graph::new();
     let q = input(&mut g, 0, dtype, &[1, heads, l, e], "q");
     let k = input(&mut g, 1, dtype, &[1, heads, s, e], "k");
@@ -120,7 +121,7 @@ fn prefill_attention_over_several_key_tiles() {
     // 40 query rows (five warps' worth of rows a block) over 40 keys: two 32-key tiles.
     for dtype in [DType::F32, DType::BF16] {
         for causal in [false, true] {
-            let (g, x) = attention(dtype, 40, 40, causal);
+            let (g, x) = attention(dtype, 40, 40, 16, causal);
             let kp = ember_cuda::codegen::generate(&g).unwrap();
             assert!(
                 kp.source.contains("ks["),
@@ -137,10 +138,29 @@ fn prefill_attention_over_several_key_tiles() {
 fn decode_attention_split_over_a_long_cache() {
     // One query row over 300 keys: three 128-key chunks, then their combination.
     for dtype in [DType::F32, DType::BF16] {
-        let (g, x) = attention(dtype, 1, 300, false);
+        let (g, x) = attention(dtype, 1, 300, 16, false);
         let kp = ember_cuda::codegen::generate(&g).unwrap();
         assert_eq!(kp.steps.len(), 2, "not split over the keys: {:?}", kp.steps);
         let what = format!("decode attention {dtype}");
         check_against_reference(&what, &g, &Weights::new(), &x, true, rtol(dtype));
+    }
+}
+
+#[test]
+fn attention_a_block_per_row_when_the_tiled_kernel_does_not_apply() {
+    // f64 (the tiled kernel accumulates in f32) and heads wider than 128 take the generic
+    // kernel: a block per query row, values summed by groups of threads.
+    for (dtype, e) in [(DType::F64, 16), (DType::F32, 160)] {
+        for causal in [false, true] {
+            let (g, x) = attention(dtype, 9, 40, e, causal);
+            let kp = ember_cuda::codegen::generate(&g).unwrap();
+            assert!(
+                !kp.source.contains("ks["),
+                "the tiled kernel:\n{}",
+                kp.source
+            );
+            let what = format!("generic attention {dtype} e={e} causal={causal}");
+            check_against_reference(&what, &g, &Weights::new(), &x, true, rtol(dtype));
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The emulator's memory check (`memcheck`): kernels with planted bugs of the kinds a GPU
 //! punishes (a write past a value's end, into a neighbour, into an input or past an
 //! output; a read of memory nothing wrote) fail their run naming the kernel, and the
-//! unplanted program runs clean and right.
+//! unplanted program runs clean and right. Indices into an empty axis are refused before
+//! any kernel runs.
 
 mod common;
 
@@ -105,4 +106,29 @@ fn a_write_past_an_outputs_end_is_caught() {
         msg.contains("past the end of a buffer of 32 bytes"),
         "{msg}"
     );
+}
+
+#[test]
+fn indices_into_an_empty_axis_are_refused_before_any_kernel_runs() {
+    // A kernel would read element 0 of nothing: on a GPU, an illegal address that breaks
+    // the CUDA context. The executor refuses the call instead, naming the node.
+    let mut g = Graph::new();
+    let x = common::input(&mut g, 0, DType::F32, &[0, 4], "x");
+    let idx = common::input(&mut g, 1, DType::I64, &[3], "idx");
+    let y = g
+        .add(Op::IndexSelect { axis: 0 }, &[x, idx], "pick")
+        .unwrap();
+    g.outputs = vec![y];
+    let kp = generate(&g).unwrap();
+    let inputs = [
+        Value::from_f64(DType::F32, vec![0, 4], vec![]),
+        Value::from_f64(DType::I64, vec![3], vec![0.0, 1.0, 2.0]),
+    ];
+    let err = run_program(kp, &Weights::new(), &inputs, false).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("index out of range in index_select (node 'pick')"),
+        "{msg}"
+    );
+    assert!(msg.contains("into an empty axis"), "{msg}");
 }
