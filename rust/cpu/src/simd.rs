@@ -82,6 +82,24 @@ pub fn fma_available() -> bool {
     }
 }
 
+/// Whether the AVX-512 `sgemm` tile may run: AVX2/FMA kernels are on, the CPU has AVX-512F,
+/// and `EMBER_CPU_AVX512` is not 0 (read once; for comparisons with the AVX2 tile).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            fma_available()
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::env::var("EMBER_CPU_AVX512").map_or(true, |v| v.trim() != "0")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether AVX2 copies of hot loops run: the CPU has AVX2 and `EMBER_CPU_SIMD` is not 0.
 #[cfg(target_arch = "x86_64")]
 pub fn avx2_enabled() -> bool {
