@@ -120,8 +120,6 @@ pub trait Device: Send + Sync {
     /// Runs a recording on the current stream.
     fn replay(&self, recording: &Self::Recording) -> Result<()>;
 
-    /// A point in `stream`'s work: where it is reached, the device notes the time (a CUDA
-    /// event on the GPU; the host clock in the emulator, whose work is done when queued).
     /// Whether the device checks each run's memory accesses against a `Watch` (the
     /// emulator does; a GPU leaves that to `compute-sanitizer`).
     fn checks_memory(&self) -> bool {
@@ -130,6 +128,8 @@ pub trait Device: Send + Sync {
     /// The memory of the run about to start, for a device that checks it.
     fn watch(&self, _watch: Watch) {}
 
+    /// A point in `stream`'s work: where it is reached, the device notes the time (a CUDA
+    /// event on the GPU; the host clock in the emulator, whose work is done when queued).
     type Mark;
     fn mark(&self, stream: u64) -> Result<Self::Mark>;
     /// Seconds from `start` to `end` being reached (waits for `end`).
@@ -458,30 +458,14 @@ impl<D: Device> Program<D> {
         if !self.device.checks_memory() {
             return Ok(());
         }
-        let g = &self.kp.graph;
-        let sized = |addrs: &[u64], nodes: &[usize], shapes: &[Vec<usize>]| {
-            addrs
-                .iter()
-                .zip(nodes)
-                .zip(shapes)
-                .map(|((&a, &n), shape)| (a, bytes_of(shape, g.ty(n).dtype)))
-                .collect::<Vec<_>>()
-        };
-        let in_shapes: Vec<Vec<usize>> = g.inputs.iter().map(|&i| plan.shapes[i].clone()).collect();
-        let out_shapes: Vec<Vec<usize>> =
-            g.outputs.iter().map(|&o| plan.shapes[o].clone()).collect();
-        let mut weights = Vec::new();
-        for (&n, buf) in &self.weights {
-            weights.push((n, buf.addr(), bytes_of(&plan.shapes[n], g.ty(n).dtype)));
-        }
         let watch = Watch::new(RunMemory {
             kp: &self.kp,
             layout,
             env: &plan.env,
             arena,
-            inputs: sized(inputs, &g.inputs, &in_shapes),
-            outputs: sized(outputs, &g.outputs, &out_shapes),
-            weights,
+            inputs,
+            outputs,
+            weights: self.weights.iter().map(|(&n, b)| (n, b.addr())).collect(),
             item_steps,
         })?;
         self.device.watch(watch);

@@ -79,7 +79,7 @@ pub fn geometry(
 }
 
 /// Bytes of node `n`'s value under `env` (zero when a dim does not evaluate there).
-fn node_bytes(kp: &KernelProgram, n: usize, env: &SymbolBindings) -> usize {
+pub(crate) fn node_bytes(kp: &KernelProgram, n: usize, env: &SymbolBindings) -> usize {
     let node = &kp.graph.nodes[n];
     let mut elems = 1usize;
     for d in &node.ty.shape {

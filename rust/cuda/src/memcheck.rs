@@ -69,15 +69,6 @@ fn node_label(kp: &KernelProgram, n: usize) -> String {
     format!("node '{}' ({})", node.origin, node.op.name())
 }
 
-fn node_bytes(kp: &KernelProgram, n: usize, env: &SymbolBindings) -> Result<usize> {
-    let ty = &kp.graph.nodes[n].ty;
-    let mut elems = 1usize;
-    for d in &ty.shape {
-        elems = elems.saturating_mul(d.eval(env)?.max(0) as usize);
-    }
-    Ok(elems.saturating_mul(ty.dtype.size()))
-}
-
 /// The nodes step `s` reads.
 fn step_reads(kp: &KernelProgram, s: usize) -> Vec<usize> {
     match &kp.steps[s].kind {
@@ -101,10 +92,10 @@ pub struct RunMemory<'a> {
     pub env: &'a SymbolBindings,
     /// Arena address and bytes.
     pub arena: (u64, usize),
-    /// (address, bytes) of each input, each output, and each uploaded weight by node.
-    pub inputs: Vec<(u64, usize)>,
-    pub outputs: Vec<(u64, usize)>,
-    pub weights: Vec<(usize, u64, usize)>,
+    /// The address of each input and each output, and of each uploaded weight by node.
+    pub inputs: &'a [u64],
+    pub outputs: &'a [u64],
+    pub weights: Vec<(usize, u64)>,
     pub item_steps: Vec<usize>,
 }
 
@@ -139,7 +130,7 @@ impl Watch {
             let first = first_write.get(&n).copied().unwrap_or(0);
             arena_regions.push(Region {
                 start: m.arena.0 + offset as u64,
-                bytes: node_bytes(kp, n, m.env)?,
+                bytes: layout::node_bytes(kp, n, m.env),
                 what: node_label(kp, n),
                 first,
                 last: last_read.get(&n).copied().unwrap_or(first).max(first),
@@ -184,17 +175,18 @@ impl Watch {
             last: steps,
             writers,
         };
+        let bytes = |n: usize| layout::node_bytes(kp, n, m.env);
         let mut outside = Vec::new();
-        for (k, &(a, b)) in m.inputs.iter().enumerate() {
-            outside.push(whole_run(a, b, format!("input {k}"), vec![]));
+        for (k, (&a, &n)) in m.inputs.iter().zip(&kp.graph.inputs).enumerate() {
+            outside.push(whole_run(a, bytes(n), format!("input {k}"), vec![]));
         }
-        for (k, &(a, b)) in m.outputs.iter().enumerate() {
+        for (k, (&a, &n)) in m.outputs.iter().zip(&kp.graph.outputs).enumerate() {
             let w = output_writers.get(&k).cloned().unwrap_or_default();
-            outside.push(whole_run(a, b, format!("output {k}"), w));
+            outside.push(whole_run(a, bytes(n), format!("output {k}"), w));
         }
-        for &(n, a, b) in &m.weights {
+        for &(n, a) in &m.weights {
             let what = format!("the weight of {}", node_label(kp, n));
-            outside.push(whole_run(a, b, what, vec![]));
+            outside.push(whole_run(a, bytes(n), what, vec![]));
         }
 
         let step_names = (0..steps)
