@@ -137,6 +137,32 @@ def test_sdpa_few_and_many_query_rows(queries, keys_transposed, dims, backend):
     check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("queries", "keys"), [(130, 150), (130, 50), (70, 70)])
+def test_sdpa_long_sequences_in_query_blocks(queries, keys, backend):
+    """Long sequences run in blocks of query rows (64 on the CPU): a causal block reads only
+    the keys its rows see, query heads sharing a key/value head share its packed keys, and
+    masks and fully masked rows land in later blocks too."""
+    q = rand(1, 4, queries, 24) * 3
+    k, v = rand(1, 2, keys, 24), rand(1, 2, keys, 20)
+    keep = torch.rand(1, 1, queries, keys) > 0.3
+    keep[..., 0] = True
+    keep[..., queries - 3, :] = False  # a fully masked row in the last block
+    bias = torch.zeros(1, 1, queries, keys).masked_fill(~keep, float("-inf")) + rand(queries, keys)
+
+    def fn(q, k, v):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        return (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+            F.scaled_dot_product_attention(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v),
+        )
+
+    check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
+    if queries == 70:  # the generic (f64) loops
+        check(fn, [q.double(), k.double(), v.double()], backend, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("keys", [1, 128, 300])
 def test_sdpa_one_query_row_over_a_long_cache(keys, backend):
     """One query row per head, as in a decode step: the CUDA backend splits the keys into

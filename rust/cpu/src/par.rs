@@ -224,6 +224,32 @@ pub fn for_chunks_mut<T: Send>(out: &mut [T], chunk: usize, body: impl Fn(usize,
     });
 }
 
+/// Calls `body(i, &mut out[parts[i]])` for every part, in parallel where threads are
+/// available. The parts must be in order and must not overlap (checked).
+pub fn for_parts_mut<T: Send>(
+    out: &mut [T],
+    parts: &[std::ops::Range<usize>],
+    body: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let mut end = 0;
+    for part in parts {
+        assert!(
+            end <= part.start && part.start <= part.end && part.end <= out.len(),
+            "parts must be ordered, disjoint and inside the slice"
+        );
+        end = part.end;
+    }
+    let base = SendPtr(out.as_mut_ptr());
+    for_each(parts.len(), |i| {
+        let base = &base; // the Sync wrapper, not its raw field
+        let part = &parts[i];
+        // SAFETY: the parts are disjoint ranges inside `out` (checked above), and `out` is
+        // borrowed mutably for the whole loop.
+        let slice = unsafe { std::slice::from_raw_parts_mut(base.0.add(part.start), part.len()) };
+        body(i, slice);
+    });
+}
+
 struct SendPtr<T>(*mut T);
 // SAFETY: used only to hand disjoint sub-slices of one exclusively borrowed slice to threads.
 unsafe impl<T: Send> Sync for SendPtr<T> {}

@@ -6,8 +6,8 @@ use ember_core::dtype::DType;
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
-use super::norm::softmax_row_in_place;
-use super::sgemm;
+use super::norm::softmax_numerators_in_place;
+use super::sgemm::{self, Operand};
 use crate::buffer::{Val, View};
 use crate::elem::{FloatElem, Real, B8};
 use crate::error::{CpuError, KResult};
@@ -107,49 +107,6 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         if l * ev == 0 {
             return Ok(());
         }
-        // Scale, mask and softmax of score row `i` of the batch whose mask starts at `om`.
-        let unmasked = !p.causal && add_mask.is_none() && bool_mask.is_none();
-        let finish_row = |row: &mut [T], i: usize, om: isize| {
-            if unmasked {
-                simd::wide(|| row.iter_mut().for_each(|x| *x = *x * scale));
-                return softmax_row_in_place(row);
-            }
-            let mbase = om + i as isize * mrs;
-            let mut kept = false;
-            for (j, x) in row.iter_mut().enumerate() {
-                let mut y = *x * scale;
-                let moff = mbase + j as isize * mcs;
-                if let Some(m) = &add_mask {
-                    y = y + m.at(moff);
-                }
-                let masked =
-                    (p.causal && j > i) || bool_mask.as_ref().is_some_and(|m| !m.at(moff).get());
-                *x = if masked { -T::INF } else { y };
-                kept |= *x != -T::INF;
-            }
-            if !kept {
-                // Every score masked (left padding): zeros, as torch's SDPA, not NaN.
-                row.fill(<T as Real>::ZERO);
-                return;
-            }
-            softmax_row_in_place(row);
-        };
-        let by_gemm = |o: &mut [T], &[oq, ok, ov, om]: &[isize; 4], t: usize| {
-            let mut scores = vec![<T as Real>::ZERO; l * s];
-            let (mq, mk) = (Mat::of(&vq, oq, nb), Mat::of(&vk, ok, nb).transposed());
-            // SAFETY: q and k are batch slices of checked views; scores holds l·s elements.
-            unsafe { gemm_into(&mut scores, s, (l, s, e), mq, mk, t) };
-            for (i, row) in scores.chunks_mut(s.max(1)).enumerate().take(l) {
-                finish_row(row, i, om);
-            }
-            let mp = Mat {
-                ptr: scores.as_ptr(),
-                rs: s as isize,
-                cs: 1,
-            };
-            // SAFETY: scores is l×s and alive; v is a batch slice of a checked view.
-            unsafe { gemm_into(o, ev, (l, ev, s), mp, Mat::of(&vv, ov, nb), t) };
-        };
         // Few query rows (decode: one token, or the query heads sharing a key/value head):
         // each key and value row is read once, contiguously, for all of them; two GEMMs
         // would cost more in packing and set-up than this does in arithmetic.
@@ -159,6 +116,106 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
             && unit(&vq.strides, e)
             && unit(&vk.strides, e)
             && unit(&vv.strides, ev);
+        // Scale, mask and softmax numerators of score row `i` of the batch whose mask
+        // starts at `om`; returns the factor (1 / their sum) that makes them the weights.
+        // Causal masking hides keys past `i`: only the first `i + 1` scores are live (the
+        // rest become zero weights without being scaled, masked or exponentiated).
+        let finish_row = |row: &mut [T], i: usize, om: isize| {
+            let live = if p.causal {
+                row.len().min(i + 1)
+            } else {
+                row.len()
+            };
+            let (row, dead) = row.split_at_mut(live);
+            dead.fill(<T as Real>::ZERO);
+            let mbase = om + i as isize * mrs;
+            let unit = mcs == 1 || live <= 1;
+            match (&add_mask, &bool_mask) {
+                (Some(m), _) if unit => simd::wide(
+                    #[inline(always)]
+                    || scale_add_row(row, scale, m.run(mbase, live)),
+                ),
+                (Some(m), _) => {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = *x * scale + m.at(mbase + j as isize * mcs);
+                    }
+                }
+                _ => simd::wide(
+                    #[inline(always)]
+                    || scale_row(row, scale),
+                ),
+            }
+            if let Some(m) = &bool_mask {
+                if unit {
+                    hide_row(row, m.run(mbase, live));
+                } else {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        if !m.at(mbase + j as isize * mcs).get() {
+                            *x = -T::INF;
+                        }
+                    }
+                }
+            }
+            let masked = add_mask.is_some() || bool_mask.is_some();
+            if row.is_empty() || masked && row.iter().all(|x| *x == -T::INF) {
+                // Every score masked (left padding): zeros, as torch's SDPA, not NaN.
+                row.fill(<T as Real>::ZERO);
+                return <T as Real>::ZERO;
+            }
+            T::of(1.0 / softmax_numerators_in_place(row))
+        };
+        // f32 with sgemm: every distinct key matrix (query heads sharing a key/value head
+        // share one) packed once, transposed, into sgemm's panel layout; each block of
+        // queries then reads the prefix of keys it sees without packing them again.
+        let packed_keys = (T::DTYPE == DType::F32 && sgemm::available() && !direct_ok)
+            .then(|| pack_keys(&vk, &offs, (s, e), threads));
+        // Rows `i0..` of batch `b` (`o` holds them): scores against the keys those rows can
+        // see (causal: the first `i0 + rows`), their softmax, then the weighted values.
+        let by_gemm = |o: &mut [T], b: usize, i0: usize, t: usize| {
+            let [oq, ok, ov, om] = offs[b];
+            let rows = o.len() / ev;
+            let keys = if p.causal { s.min(i0 + rows) } else { s };
+            let mut scores = vec![<T as Real>::ZERO; rows * keys];
+            let mq = Mat::of(&vq, oq + i0 as isize * vq.strides[r - 2], nb);
+            match &packed_keys {
+                Some(packed) => {
+                    let q = sgemm::Strided {
+                        ptr: mq.ptr.cast(),
+                        rs: mq.rs,
+                        cs: mq.cs,
+                    };
+                    let panels = Operand::PanelsB(packed.of(b));
+                    // SAFETY: T is f32 (`packed_keys` exists); q's rows i0.. lie in a checked
+                    // view; the panels hold all s keys (so the first `keys`); scores holds
+                    // rows·keys elements.
+                    unsafe {
+                        let out = scores.as_mut_ptr().cast();
+                        sgemm::sgemm((rows, keys, e), Operand::Strided(q), panels, out, keys, t)
+                    }
+                }
+                None => {
+                    let mk = Mat::of(&vk, ok, nb).transposed();
+                    // SAFETY: q's rows i0.. and k's first `keys` rows lie in checked views;
+                    // scores holds rows·keys elements.
+                    unsafe { gemm_into(&mut scores, keys, (rows, keys, e), mq, mk, t) };
+                }
+            }
+            let factors: Vec<T> = (scores.chunks_mut(keys.max(1)).enumerate().take(rows))
+                .map(|(ii, row)| finish_row(row, i0 + ii, om))
+                .collect();
+            let mp = Mat {
+                ptr: scores.as_ptr(),
+                rs: keys as isize,
+                cs: 1,
+            };
+            // SAFETY: scores is rows×keys and alive; v's first `keys` rows lie in a checked
+            // view; o holds rows·ev elements.
+            unsafe { gemm_into(o, ev, (rows, ev, keys), mp, Mat::of(&vv, ov, nb), t) };
+            simd::wide(
+                #[inline(always)]
+                || scale_rows(o, ev, &factors),
+            );
+        };
         // f32 on AVX2 + FMA: the products in registers (the generic loops below keep an
         // output row in memory and did not vectorize the dot products well).
         let avx2_f32 = T::DTYPE == DType::F32 && sgemm::available();
@@ -182,9 +239,9 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                     || scores_direct(&mut scores, q, k, (l, s, e)),
                 );
             }
-            for (i, row) in scores.chunks_mut(s.max(1)).enumerate().take(l) {
-                finish_row(row, i, om);
-            }
+            let factors: Vec<T> = (scores.chunks_mut(s.max(1)).enumerate().take(l))
+                .map(|(i, row)| finish_row(row, i, om))
+                .collect();
             if avx2_f32 {
                 // SAFETY: as above.
                 unsafe {
@@ -201,20 +258,39 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                     || weighted_rows(o, &scores, v, (s, ev)),
                 );
             }
+            simd::wide(
+                #[inline(always)]
+                || scale_rows(o, ev, &factors),
+            );
         };
-        let one = |o: &mut [T], off: &[isize; 4], t: usize| {
-            if direct_ok {
-                direct(o, off)
+        let parallel = threads > 1 && offs.len() * l * s * (e + ev) >= PAR_MIN_WORK;
+        if direct_ok {
+            // Batches (heads) in parallel when there are several.
+            if parallel && offs.len() > 1 {
+                par::for_chunks_mut(out, l * ev, |start, o| direct(o, &offs[start / (l * ev)]));
             } else {
-                by_gemm(o, off, t)
+                for (o, off) in out.chunks_mut(l * ev).zip(&offs) {
+                    direct(o, off);
+                }
             }
+            return Ok(());
+        }
+        // Blocks of query rows: causal blocks skip the keys none of their rows sees, and
+        // every (batch, block) is a task, so one long sequence spreads over the threads too.
+        let blocks = l.div_ceil(QUERY_BLOCK);
+        let part = |t: usize| {
+            let (b, i0) = (t / blocks, (t % blocks) * QUERY_BLOCK);
+            (b * l + i0) * ev..(b * l + (i0 + QUERY_BLOCK).min(l)) * ev
         };
-        // Heads in parallel when there are several and enough work to pay for waking a helper.
-        if offs.len() > 1 && threads > 1 && offs.len() * l * s * (e + ev) >= PAR_MIN_WORK {
-            par::for_chunks_mut(out, l * ev, |start, o| one(o, &offs[start / (l * ev)], 1));
+        let parts: Vec<_> = (0..offs.len() * blocks).map(part).collect();
+        let run = |t: usize, o: &mut [T], threads: usize| {
+            by_gemm(o, t / blocks, (t % blocks) * QUERY_BLOCK, threads)
+        };
+        if parallel && parts.len() > 1 {
+            par::for_parts_mut(out, &parts, |t, o| run(t, o, 1));
         } else {
-            for (o, off) in out.chunks_mut(l * ev).zip(&offs) {
-                one(o, off, threads);
+            for (t, range) in parts.iter().enumerate() {
+                run(t, &mut out[range.clone()], threads);
             }
         }
         Ok(())
@@ -224,8 +300,114 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
 /// Multiply-adds below which the heads of one call run on one thread.
 const PAR_MIN_WORK: usize = 1 << 17;
 
+/// Query rows per GEMM task: a causal block skips the keys none of its rows sees (about
+/// half the work of a long sequence), and a single long sequence splits into tasks for the
+/// threads. Smaller blocks (36) measured no faster at 64–512 tokens: each task's two
+/// products have a fixed cost.
+const QUERY_BLOCK: usize = 64;
+
 /// Query rows per batch up to which attention skips the GEMMs (see `direct` above).
 const DIRECT_MAX_ROWS: usize = 8;
+
+/// The key matrices of an attention call in sgemm's panel layout (as right operands
+/// `e`×`s`, i.e. transposed), one per distinct key matrix.
+struct PackedKeys {
+    panels: Vec<f32>,
+    /// Floats per key matrix.
+    len: usize,
+    /// Per batch, which key matrix it reads.
+    slot: Vec<usize>,
+}
+
+impl PackedKeys {
+    fn of(&self, batch: usize) -> &[f32] {
+        let at = self.slot[batch] * self.len;
+        &self.panels[at..at + self.len]
+    }
+}
+
+/// Packs the key matrix of every batch (once per distinct one) for `sgemm`; `k` is f32.
+fn pack_keys<T>(
+    k: &View<T>,
+    offs: &[[isize; 4]],
+    (s, e): (usize, usize),
+    threads: usize,
+) -> PackedKeys {
+    let r = k.strides.len();
+    let mut distinct: Vec<isize> = Vec::new();
+    let slot = offs
+        .iter()
+        .map(
+            |&[_, ok, _, _]| match distinct.iter().position(|&d| d == ok) {
+                Some(i) => i,
+                None => {
+                    distinct.push(ok);
+                    distinct.len() - 1
+                }
+            },
+        )
+        .collect();
+    let len = sgemm::panels_len(e, s);
+    let mut panels = vec![0.0f32; len * distinct.len()];
+    let pack = |i: usize, dst: &mut [f32]| {
+        // kᵀ: element (d, j) is key j's element d.
+        let src = sgemm::Strided {
+            ptr: k.ptr.wrapping_offset(distinct[i]).cast(),
+            rs: k.strides[r - 1],
+            cs: k.strides[r - 2],
+        };
+        // SAFETY: the batch's s×e keys lie in the checked view `k` (f32 by the caller); dst
+        // holds panels_len(e, s) floats.
+        unsafe { sgemm::pack_right(dst, e, s, src) };
+    };
+    if threads > 1 && distinct.len() > 1 {
+        par::for_chunks_mut(&mut panels, len.max(1), |start, dst| {
+            pack(start / len.max(1), dst)
+        });
+    } else {
+        for (i, dst) in panels.chunks_mut(len.max(1)).enumerate() {
+            pack(i, dst);
+        }
+    }
+    PackedKeys { panels, len, slot }
+}
+
+/// Each `n`-long row of `o` times its factor: the softmax's division, done on the weighted
+/// values (`n` per row) rather than on the weights (one per key).
+#[inline(always)]
+fn scale_rows<T: Real>(o: &mut [T], n: usize, factors: &[T]) {
+    for (row, &f) in o.chunks_mut(n.max(1)).zip(factors) {
+        for x in row {
+            *x = *x * f;
+        }
+    }
+}
+
+/// `x · scale` over a row of scores.
+#[inline(always)]
+fn scale_row<T: Real>(row: &mut [T], scale: T) {
+    for x in row {
+        *x = *x * scale;
+    }
+}
+
+/// `x · scale + bias` over a row of scores (the bias row contiguous).
+#[inline(always)]
+fn scale_add_row<T: Real>(row: &mut [T], scale: T, bias: &[T]) {
+    for (x, &b) in row.iter_mut().zip(bias) {
+        *x = *x * scale + b;
+    }
+}
+
+/// `-inf` wherever the (contiguous) boolean mask row hides a key.
+#[inline(always)]
+fn hide_row<T: Real>(row: &mut [T], keep: &[B8]) {
+    for (x, k) in row.iter_mut().zip(keep) {
+        if !k.get() {
+            *x = -T::INF;
+        }
+    }
+}
 
 /// A batch's rows: the view, the offset of row 0, the row stride (elements contiguous).
 type Rows<'a, T> = (&'a View<T>, isize, isize);

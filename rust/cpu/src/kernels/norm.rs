@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use super::{axis_last_perm, for_rows, unpermute};
 use crate::arena::Dest;
 use crate::buffer::{Layout, Val, View};
-use crate::elem::vecmath::{Fma, Kernel};
+use crate::elem::vecmath::Fma;
 use crate::elem::{FloatElem, Real};
 use crate::error::{CpuError, KResult};
 use crate::simd;
@@ -117,23 +117,20 @@ fn check_dest(x: &Val, dest: &Dest) -> KResult<()> {
     Ok(())
 }
 
-/// In-place softmax of one f32/f64 row, as the softmax op computes it (a row of -inf
-/// becomes NaN); for kernels that produce score rows themselves (attention).
-pub(crate) fn softmax_row_in_place<T: FloatElem<C = T> + Real>(row: &mut [T]) {
+/// The numerators of one f32/f64 row's softmax, in place: `exp(x − max(row))`, returning
+/// their sum (each divided by it is the softmax, as the softmax op computes it). For kernels
+/// that produce score rows themselves (attention) and can fold the division into what they
+/// compute from the weights.
+pub(crate) fn softmax_numerators_in_place<T: FloatElem<C = T> + Real>(row: &mut [T]) -> f64 {
     simd::wide(|| {
         let m = row_max(row);
-        match (Fma::detect(), as_f32_mut(row)) {
-            (Some(fma), Some(row)) => fma.run_shifted_in_place(Kernel::Exp, row, m.f64() as f32),
-            _ => {
-                for x in row.iter_mut() {
-                    *x = T::store((x.load() - m).fast_exp());
-                }
-            }
+        if let (Some(fma), Some(row)) = (Fma::detect(), as_f32_mut(row)) {
+            return fma.exp_shifted_sum_in_place(row, m.f64() as f32);
         }
-        let inv = 1.0 / sum_lanes(row, |d| d.load().f64());
-        for d in row.iter_mut() {
-            *d = T::store(<T as Real>::of(d.load().f64() * inv));
+        for x in row.iter_mut() {
+            *x = T::store((x.load() - m).fast_exp());
         }
+        sum_lanes(row, |d| d.load().f64())
     })
 }
 

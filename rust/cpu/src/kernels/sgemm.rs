@@ -142,6 +142,17 @@ pub fn panels_len(k: usize, n: usize) -> usize {
     n.div_ceil(NR) * NR * k
 }
 
+/// Packs `src` (`k`×`cols`) into `dst` as a right operand in panel layout (for
+/// `Operand::PanelsB`), on this thread. The panels of its first `n` columns are a prefix of
+/// `dst`: `dst[..panels_len(k, n)]` is the right operand of its first `n` columns.
+///
+/// # Safety
+/// `src` must address `k`×`cols` readable elements; `dst` must hold `panels_len(k, cols)`.
+pub unsafe fn pack_right(dst: &mut [f32], k: usize, cols: usize, src: Strided) {
+    // SAFETY: by the contract.
+    unsafe { pack_b(dst, k, cols, src, 1) }
+}
+
 /// Writes `row` (row `r` of a `k`×`row.len()` right operand) into `panels`, zero past its
 /// last column.
 ///
