@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --upgrade pip
 python3 -m pip install --quiet -e ".[test]"
 cargo test --workspace --exclude ember-python --release --quiet
+# The AVX2 GEMM tiles too on an AVX-512 machine (there they serve only one- and two-row
+# tiles).
+EMBER_CPU_AVX512=0 cargo test -p ember-cpu --lib --release --quiet sgemm
 # The CUDA kernels at the GPU's launch sizes under the thread sanitizer: races between a
 # block's threads (a missing __syncthreads) that the emulator's results alone may hide.
 if [ -n "$(${CXX:-c++} -print-file-name=libtsan.so 2>/dev/null | grep /)" ]; then

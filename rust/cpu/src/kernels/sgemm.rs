@@ -1,10 +1,13 @@
 //! f32 matrix products on AVX2 + FMA (and AVX-512 where the CPU has it): Ember's own GEMM
 //! for the shapes of inference.
 //!
-//! Both operands are packed into panels (the BLIS scheme): `a` into panels of `MR` rows,
-//! stored k-major (`MR` values per step of k), `b` into panels of `NR` columns (`NR` values
+//! The right operand is packed into panels (the BLIS scheme) of `NR` columns (`NR` values
 //! per step of k), zero-padded at the edges; a `b` not packed already is packed panel by
-//! panel inside each task, into a buffer that stays in L1. A 6×16 register tile (12 accumulators of 8
+//! panel inside each task, into a buffer that stays in L1. A left operand whose rows have
+//! unit stride (activations, as a rule) is read in place, as MLAS does: the tile broadcasts
+//! from `MR` row pointers. Packing it into `MR`-row panels first (k-major) was a serial pass
+//! the other threads waited on (two threads ran a 64×256·256×256 product slower than one);
+//! other left operands (weights packed at compile time, transposed views) are packed. A 6×16 register tile (12 accumulators of 8
 //! lanes) then multiplies one panel of each with two vector loads, six broadcasts and twelve
 //! FMAs per step of k. Loops are blocked so a `b` panel slice (`KC`×16) stays in L1 and an `a`
 //! block (`MC`×`KC`) in L2. On AVX-512 CPUs tiles of three rows or more span two panels at
@@ -326,8 +329,16 @@ pub unsafe fn sgemm(
     };
     match a {
         // SAFETY: the packed operands have the shapes of the contract; c by the contract.
-        Operand::Packed(pa) => unsafe { multiply((m, n, k), &pa.data, b, c, ldc, threads) },
+        Operand::Packed(pa) => unsafe {
+            multiply((m, n, k), Left::Packed(&pa.data), b, c, ldc, threads)
+        },
         Operand::PanelsB(_) => panic!("a panel-layout operand is a right operand"),
+        // Rows with unit stride: the tiles broadcast straight from them, as MLAS does;
+        // packing them cost a serial pass that the other threads waited on.
+        // SAFETY: sa addresses m×k elements; c by the contract.
+        Operand::Strided(sa) if sa.cs == 1 || k == 1 => unsafe {
+            multiply((m, n, k), Left::Rows(sa), b, c, ldc, threads)
+        },
         Operand::Strided(sa) => SCRATCH.with(|s| {
             let mut fresh = Vec::new();
             // Re-entered on this thread (a kernel calling a GEMM per task): a fresh buffer.
@@ -345,7 +356,7 @@ pub unsafe fn sgemm(
             // SAFETY: sa addresses m×k elements; c by the contract.
             unsafe {
                 pack_a(buf, m, k, sa, threads);
-                multiply((m, n, k), buf, b, c, ldc, threads)
+                multiply((m, n, k), Left::Packed(buf), b, c, ldc, threads)
             }
         }),
     }
@@ -360,21 +371,43 @@ enum Panels<'a> {
     Strided(Strided),
 }
 
+/// The left operand: panels packed already, or rows read in place (unit column stride,
+/// or one column).
+#[derive(Clone, Copy)]
+enum Left<'a> {
+    Packed(&'a [f32]),
+    Rows(Strided),
+}
+
+impl Left<'_> {
+    /// Where the tile of row panel `p` starts at step `kb` of k, and the row stride the tile
+    /// reads it with (`None`: packed, `MR` values per step).
+    fn tile_start(&self, p: usize, kb: usize, k: usize) -> (*const f32, Option<isize>) {
+        match self {
+            Left::Packed(pa) => (pa[p * MR * k + kb * MR..].as_ptr(), None),
+            Left::Rows(s) => (s.at(p * MR, kb), Some(s.rs)),
+        }
+    }
+}
+
 /// The blocked product into `c`.
 ///
 /// # Safety
-/// `pa` holds ⌈m/MR⌉ panels of k×MR; packed `pb` ⌈n/NR⌉ panels of k×NR, a strided one
-/// addresses k×n elements; `c` as in `sgemm`.
+/// A packed `pa` holds ⌈m/MR⌉ panels of k×MR, rows address m×k elements (unit column
+/// stride unless k = 1); packed `pb` ⌈n/NR⌉ panels of k×NR, a strided one addresses k×n
+/// elements; `c` as in `sgemm`.
 unsafe fn multiply(
     (m, n, k): (usize, usize, usize),
-    pa: &[f32],
+    pa: Left,
     pb: Panels,
     c: *mut f32,
     ldc: usize,
     threads: usize,
 ) {
     let (a_panels, b_panels) = (m.div_ceil(MR), n.div_ceil(NR));
-    assert!(pa.len() >= a_panels * MR * k);
+    if let Left::Packed(pa) = pa {
+        assert!(pa.len() >= a_panels * MR * k);
+    }
     if let Panels::Packed(pb) = pb {
         assert!(pb.len() >= b_panels * NR * k);
     }
@@ -424,18 +457,19 @@ unsafe fn multiply(
                 }
                 for p in p0..p1 {
                     let rows = MR.min(m - p * MR);
-                    let ap = pa[p * MR * k + kb * MR..].as_ptr();
+                    let a = pa.tile_start(p, kb, k);
                     // SAFETY: the tile (p, q..) lies inside c; tasks own disjoint tiles; the
-                    // panel slices hold kc steps; `wide` only where AVX-512F is present.
+                    // panel slices (or rows) hold kc steps; `wide` only where AVX-512F is
+                    // present.
                     unsafe {
                         let ct = c.0.add(p * MR * ldc + q * NR);
                         if wide && rows >= WIDE_MIN_ROWS {
-                            wide_tile(rows, cols, kc, ap, bp, ct, ldc, kb > 0);
+                            wide_tile(rows, cols, kc, a, bp, ct, ldc, kb > 0);
                         } else {
-                            tile(rows, cols.min(NR), kc, ap, bp[0], ct, ldc, kb > 0);
+                            tile(rows, cols.min(NR), kc, a, bp[0], ct, ldc, kb > 0);
                             if pair {
                                 let ct = ct.add(NR);
-                                tile(rows, cols - NR, kc, ap, bp[1], ct, ldc, kb > 0);
+                                tile(rows, cols - NR, kc, a, bp[1], ct, ldc, kb > 0);
                             }
                         }
                     }
@@ -463,7 +497,7 @@ unsafe fn wide_tile(
     rows: usize,
     cols: usize,
     kc: usize,
-    a: *const f32,
+    (a, lda): (*const f32, Option<isize>),
     bp: [*const f32; 2],
     c: *mut f32,
     ldc: usize,
@@ -473,20 +507,28 @@ unsafe fn wide_tile(
     // SAFETY: by the contract.
     unsafe {
         use x86_512::tile as t;
+        macro_rules! by_layout {
+            ($r:literal, $p:literal) => {
+                match lda {
+                    None => t::<$r, $p, false>(cols, kc, a, 0, bp, c, ldc, add),
+                    Some(lda) => t::<$r, $p, true>(cols, kc, a, lda, bp, c, ldc, add),
+                }
+            };
+        }
         match (rows, cols > NR) {
-            (3, false) => t::<3, 1>(cols, kc, a, bp, c, ldc, add),
-            (4, false) => t::<4, 1>(cols, kc, a, bp, c, ldc, add),
-            (5, false) => t::<5, 1>(cols, kc, a, bp, c, ldc, add),
-            (_, false) => t::<6, 1>(cols, kc, a, bp, c, ldc, add),
-            (3, true) => t::<3, 2>(cols, kc, a, bp, c, ldc, add),
-            (4, true) => t::<4, 2>(cols, kc, a, bp, c, ldc, add),
-            (5, true) => t::<5, 2>(cols, kc, a, bp, c, ldc, add),
-            (_, true) => t::<6, 2>(cols, kc, a, bp, c, ldc, add),
+            (3, false) => by_layout!(3, 1),
+            (4, false) => by_layout!(4, 1),
+            (5, false) => by_layout!(5, 1),
+            (_, false) => by_layout!(6, 1),
+            (3, true) => by_layout!(3, 2),
+            (4, true) => by_layout!(4, 2),
+            (5, true) => by_layout!(5, 2),
+            (_, true) => by_layout!(6, 2),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, cols, kc, a, bp, c, ldc, add);
+        let _ = (rows, cols, kc, a, lda, bp, c, ldc, add);
         unreachable!("the AVX-512 tile runs only where avx512_available() is true");
     }
 }
@@ -501,7 +543,7 @@ unsafe fn tile(
     rows: usize,
     cols: usize,
     kc: usize,
-    a: *const f32,
+    (a, lda): (*const f32, Option<isize>),
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -510,40 +552,89 @@ unsafe fn tile(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present.
     unsafe {
+        macro_rules! by_layout {
+            ($r:literal) => {
+                match lda {
+                    None => x86::tile::<$r, false>(cols, kc, a, 0, b, c, ldc, add),
+                    Some(lda) => x86::tile::<$r, true>(cols, kc, a, lda, b, c, ldc, add),
+                }
+            };
+        }
         match rows {
-            1 => x86::tile::<1>(cols, kc, a, b, c, ldc, add),
-            2 => x86::tile::<2>(cols, kc, a, b, c, ldc, add),
-            3 => x86::tile::<3>(cols, kc, a, b, c, ldc, add),
-            4 => x86::tile::<4>(cols, kc, a, b, c, ldc, add),
-            5 => x86::tile::<5>(cols, kc, a, b, c, ldc, add),
-            _ => x86::tile::<6>(cols, kc, a, b, c, ldc, add),
+            1 => by_layout!(1),
+            2 => by_layout!(2),
+            3 => by_layout!(3),
+            4 => by_layout!(4),
+            5 => by_layout!(5),
+            _ => by_layout!(6),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, cols, kc, a, b, c, ldc, add);
+        let _ = (rows, cols, kc, a, lda, b, c, ldc, add);
         unreachable!("sgemm runs only where available() is true");
+    }
+}
+
+/// A tile's left operand: `R` rows read in place, `lda` apart (`ROWS`), or a packed panel
+/// (`MR` values per step of k). Row starts are computed once per tile, so each step's
+/// broadcasts address `start + p`.
+#[derive(Clone, Copy)]
+struct LeftTile<const R: usize, const ROWS: bool> {
+    start: [*const f32; R],
+}
+
+impl<const R: usize, const ROWS: bool> LeftTile<R, ROWS> {
+    #[inline(always)]
+    fn new(a: *const f32, lda: isize) -> Self {
+        let start = std::array::from_fn(|r| {
+            if ROWS {
+                a.wrapping_offset(r as isize * lda)
+            } else {
+                a.wrapping_add(r)
+            }
+        });
+        LeftTile { start }
+    }
+
+    /// Element (row `r`, step `p`).
+    ///
+    /// # Safety
+    /// It must lie inside the operand the tile was given.
+    #[inline(always)]
+    unsafe fn at(&self, r: usize, p: usize) -> *const f32 {
+        // SAFETY: by the contract.
+        unsafe {
+            if ROWS {
+                self.start[r].add(p)
+            } else {
+                self.start[r].add(p * MR)
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{MR, NR};
+    use super::{LeftTile, NR};
     use std::arch::x86_64::*;
 
     /// The `R`-row tile. Two passes over k interleave (even and odd steps into separate
     /// accumulators) when R is small, so FMA latency is hidden by independent chains.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the accumulators and the a panel
-    pub unsafe fn tile<const R: usize>(
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile<const R: usize, const ROWS: bool>(
         cols: usize,
         kc: usize,
         a: *const f32,
+        lda: isize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
         add: bool,
     ) {
+        let left = LeftTile::<R, ROWS>::new(a, lda);
         // SAFETY (whole body): pointers stay inside the panels (kc steps) and the c tile
         // (R rows, `cols` columns), by the caller's contract.
         unsafe {
@@ -561,8 +652,8 @@ mod x86 {
                         _mm256_loadu_ps(b.add(p * NR + NR + 8)),
                     );
                     for r in 0..R {
-                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
-                        let y = _mm256_broadcast_ss(&*a.add(p * MR + MR + r));
+                        let x = _mm256_broadcast_ss(&*left.at(r, p));
+                        let y = _mm256_broadcast_ss(&*left.at(r, p + 1));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
                         acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
                         odd[r][0] = _mm256_fmadd_ps(y, b2, odd[r][0]);
@@ -576,7 +667,7 @@ mod x86 {
                         _mm256_loadu_ps(b.add(p * NR + 8)),
                     );
                     for r in 0..R {
-                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
+                        let x = _mm256_broadcast_ss(&*left.at(r, p));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
                         acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
                     }
@@ -592,7 +683,7 @@ mod x86 {
                         _mm256_loadu_ps(b.add(p * NR + 8)),
                     );
                     for r in 0..R {
-                        let x = _mm256_broadcast_ss(&*a.add(p * MR + r));
+                        let x = _mm256_broadcast_ss(&*left.at(r, p));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
                         acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
                     }
@@ -624,22 +715,25 @@ mod x86 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86_512 {
-    use super::{MR, NR};
+    use super::{LeftTile, NR};
     use std::arch::x86_64::*;
 
     /// The `R`-row tile over `P` adjacent panels (`P`·16 columns, the last `cols` live):
     /// per step of k, `P` vector loads of `b`, `R` broadcasts of `a` and `R`·`P` FMAs.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the accumulators and the a panel
-    pub unsafe fn tile<const R: usize, const P: usize>(
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile<const R: usize, const P: usize, const ROWS: bool>(
         cols: usize,
         kc: usize,
         a: *const f32,
+        lda: isize,
         bp: [*const f32; 2],
         c: *mut f32,
         ldc: usize,
         add: bool,
     ) {
+        let left = LeftTile::<R, ROWS>::new(a, lda);
         // SAFETY (whole body): pointers stay inside the panels (kc steps) and the c tile
         // (R rows, `cols` columns: stores and loads past them are masked off).
         unsafe {
@@ -650,7 +744,7 @@ mod x86_512 {
                     b[h] = _mm512_loadu_ps(bp[h].add(p * NR));
                 }
                 for r in 0..R {
-                    let x = _mm512_set1_ps(*a.add(p * MR + r));
+                    let x = _mm512_set1_ps(*left.at(r, p));
                     for h in 0..P {
                         acc[r][h] = _mm512_fmadd_ps(x, b[h], acc[r][h]);
                     }
