@@ -151,11 +151,12 @@ def test_sdpa_long_sequences_in_query_blocks(queries, keys, backend):
 
     def fn(q, k, v):
         k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        k_strided = k.transpose(-1, -2).contiguous().transpose(-1, -2)
         return (
             F.scaled_dot_product_attention(q, k, v, is_causal=True),
             F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
             F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
-            F.scaled_dot_product_attention(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v),
+            F.scaled_dot_product_attention(q, k_strided, v),
         )
 
     check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)

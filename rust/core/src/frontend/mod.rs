@@ -2,6 +2,7 @@
 //! `builder` holds what every frontend needs: broadcasting, type promotion, casts.
 
 pub mod builder;
+pub mod composites;
 pub mod conv;
 pub mod onnx;
 pub mod pt2;

@@ -513,11 +513,13 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     if output_names.is_empty() {
         return Err(Error::Compile("the ONNX graph has no outputs".into()));
     }
-    verify(&ctx.b.g)?;
-    check_symbols_bound(&ctx.b.g)?;
-    check_sizes(&ctx.b.g)?;
+    // Attention as exporters spell it (MatMul, Softmax, MatMul) runs as one fused op.
+    let graph = crate::frontend::composites::recover(&ctx.b.g, &ctx.weights)?;
+    verify(&graph)?;
+    check_symbols_bound(&graph)?;
+    check_sizes(&graph)?;
     Ok(Pt2Program {
-        graph: ctx.b.g,
+        graph,
         weights: ctx.weights,
         weight_specs: ctx.weight_specs,
         input_names,

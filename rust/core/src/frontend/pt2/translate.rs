@@ -317,10 +317,12 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         ctx.b.g.outputs.push(id);
         output_names.push(name);
     }
-    verify(&ctx.b.g)?;
-    check_symbols_bound(&ctx.b.g)?;
+    // Attention written out in aten ops ("eager" attention) runs as one fused op.
+    let graph = crate::frontend::composites::recover(&ctx.b.g, &weights)?;
+    verify(&graph)?;
+    check_symbols_bound(&graph)?;
     Ok(Pt2Program {
-        graph: ctx.b.g,
+        graph,
         weights,
         weight_specs,
         input_names,

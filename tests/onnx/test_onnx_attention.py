@@ -1,0 +1,106 @@
+"""Attention as exporters write it (MatMul → scale → Add mask → Softmax → MatMul) runs as
+one fused attention op, with the results of the decomposed graph (checked against ONNX
+Runtime); chains whose intermediates are used elsewhere stay decomposed."""
+
+from __future__ import annotations
+
+import ember
+import numpy as np
+import pytest
+import torch
+from onnx import helper
+from onnx_util import check, make_model, randn
+
+
+def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
+    """q [2, 3, 5, 8], k [2, 3, 7, 8], v [2, 3, 7, 4]; the scale applied as `form` says."""
+    q, k, v = randn(2, 3, 5, 8, seed=1) * 2, randn(2, 3, 7, 8, seed=2), randn(2, 3, 7, 4, seed=3)
+    feeds = {"q": q, "k": k, "v": v}
+    inits = {}
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2])]
+    if form == "both":  # torch's exporter: q and kᵀ each times √scale
+        inits["c"] = np.array([8**-0.25], dtype=np.float32)
+        nodes += [
+            helper.make_node("Mul", ["q", "c"], ["qs"]),
+            helper.make_node("Mul", ["c", "kt"], ["ks"]),
+            helper.make_node("MatMul", ["qs", "ks"], ["scores"]),
+        ]
+    else:  # the scores divided by √d after the product
+        inits["d"] = np.array(np.sqrt(8.0), dtype=np.float32)
+        nodes += [
+            helper.make_node("MatMul", ["q", "kt"], ["raw"]),
+            helper.make_node("Div", ["raw", "d"], ["scores"]),
+        ]
+    if with_mask:
+        bias = np.where(np.random.rand(5, 7) > 0.3, 0.0, -np.inf).astype(np.float32)
+        bias[:, 0] = 0.0
+        inits["bias"] = bias
+        nodes.append(helper.make_node("Add", ["bias", "scores"], ["masked"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["scores"], ["masked"]))
+    nodes += [
+        helper.make_node("Softmax", ["masked"], ["weights"], axis=-1),
+        helper.make_node("MatMul", ["weights", "v"], ["out"]),
+    ]
+    outputs = ["out", "weights"] if softmax_out else ["out"]
+    return make_model(nodes, feeds, outputs, initializers=inits), feeds
+
+
+@pytest.mark.parametrize("form", ["both", "after"])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_decomposed_attention_runs_fused(form: str, with_mask: bool) -> None:
+    model, feeds = _attention_model(form, with_mask)
+    compiled = ember.compile_onnx(model)
+    check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+    ir = compiled.ir()
+    assert "attention(" in ir and "softmax(" not in ir, ir
+
+
+def test_attention_weights_used_elsewhere_stay_decomposed() -> None:
+    model, feeds = _attention_model("both", True, softmax_out=True)
+    compiled = ember.compile_onnx(model)
+    check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+    assert "attention(" not in compiled.ir()
+
+
+def test_eager_attention_traced_from_torch_runs_fused() -> None:
+    """A module that writes attention out (as "eager" attention implementations do), traced
+    by torch.export: the same fusion on the PT2 path, checked against eager."""
+
+    class Eager(torch.nn.Module):
+        def forward(self, q, k, v, bias):
+            w = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + bias, dim=-1)
+            return w @ v
+
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 4, 11, 8), torch.randn(2, 4, 11, 6)
+    bias = torch.zeros(9, 11).masked_fill(torch.rand(9, 11) > 0.7, float("-inf"))
+    bias[:, 0] = 0.0
+    model = Eager().eval()
+    compiled = ember.compile(model, q, k, v, bias)
+    torch.testing.assert_close(compiled(q, k, v, bias), model(q, k, v, bias), rtol=1e-5, atol=1e-5)
+    assert "attention(" in compiled.ir()
+
+
+@pytest.mark.parametrize("masked", [-np.inf, np.finfo(np.float32).min])
+def test_constant_causal_mask_becomes_causal_attention(masked: float) -> None:
+    """The causal mask an exporter captures as a constant (-inf, or the dtype's lowest as
+    Hugging Face writes it) runs as causal attention, which skips the masked keys."""
+    q, k, v = randn(1, 2, 6, 8, seed=1), randn(1, 2, 6, 8, seed=2), randn(1, 2, 6, 5, seed=3)
+    bias = np.triu(np.full((6, 6), masked, dtype=np.float32), k=1)
+    not_causal = bias.copy()
+    not_causal[4, 2] = masked  # one more key hidden: a mask like any other
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["raw"]),
+        helper.make_node("Mul", ["raw", "c"], ["scores"]),
+        helper.make_node("Add", ["scores", "bias"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["weights"], axis=-1),
+        helper.make_node("MatMul", ["weights", "v"], ["out"]),
+    ]
+    feeds = {"q": q, "k": k, "v": v}
+    for mask, causal in [(bias, True), (not_causal, False)]:
+        inits = {"c": np.array(0.3, dtype=np.float32), "bias": mask}
+        model = make_model(nodes, feeds, ["out"], initializers=inits)
+        compiled = ember.compile_onnx(model)
+        check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+        assert f"causal={str(causal).lower()}" in compiled.ir(), compiled.ir()
