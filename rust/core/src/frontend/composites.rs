@@ -1,4 +1,5 @@
-//! Composite ops recovered from the decompositions exporters write.
+//! Composite ops recovered from the decompositions exporters write: attention and RMS
+//! norm.
 //!
 //! ONNX exports before opset 23 spell scaled dot-product attention as
 //! `MatMul → Mul/Div by a scalar → Add mask → Softmax → MatMul` (torch's exporter scales q
@@ -16,27 +17,39 @@
 //! that is a constant causal pattern (0 on and below the diagonal, -inf or the dtype's
 //! lowest above: what exporters capture for `is_causal=True`) becomes `causal`, which lets
 //! the kernels skip the masked half instead of adding -inf to it.
+//!
+//! RMS norm (no ONNX op before opset 23; Llama-style models write it out) arrives as
+//! `x · rsqrt(mean(x²) + eps) · w` in some spelling (`Pow` or `Mul` for the square,
+//! `ReduceMean` or a sum over a count, `1/Sqrt`, a `Div` by the root); f32/f64 chains become
+//! one `Op::RmsNorm`, a row-wise kernel instead of six passes over the activations.
 
 use std::collections::BTreeMap;
 
 use crate::backend::Weights;
-use crate::dtype::Scalar;
+use crate::dim::Dim;
+use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::interp::Value;
-use crate::ir::{BinaryOp, Graph, Op, ValueId};
+use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 
-/// `graph` with every decomposed attention chain replaced by `Op::Attention`, and the
-/// nodes no output needs any more removed (inputs are kept). Unchanged when there is none.
-/// `weights` (the values known at load time) let a constant causal mask be recognized.
+/// `graph` with every decomposed attention chain replaced by `Op::Attention` and every RMS
+/// norm by `Op::RmsNorm`, and the nodes no output needs any more removed (inputs are
+/// kept). Unchanged when there is none. `weights` (the values known at load time) let a
+/// constant causal mask be recognized.
 pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
     let uses = graph.use_counts();
-    let found: Vec<(ValueId, Chain)> = (0..graph.nodes.len())
-        .filter_map(|id| attention_chain(graph, &uses, id).map(|c| (id, c)))
-        .map(|(id, mut c)| {
-            if c.mask.is_some_and(|m| is_causal_mask(graph, weights, m)) {
-                (c.mask, c.causal) = (None, true);
-            }
-            (id, c)
+    let found: BTreeMap<ValueId, Composite> = (0..graph.nodes.len())
+        .filter_map(|id| {
+            let found = match attention_chain(graph, &uses, id) {
+                Some(mut c) => {
+                    if c.mask.is_some_and(|m| is_causal_mask(graph, weights, m)) {
+                        (c.mask, c.causal) = (None, true);
+                    }
+                    Composite::Attention(c)
+                }
+                None => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
+            };
+            Some((id, found))
         })
         .collect();
     if found.is_empty() {
@@ -46,8 +59,7 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
         symbols: graph.symbols.clone(),
         ..Graph::default()
     };
-    let chains: BTreeMap<ValueId, Chain> = found.into_iter().collect();
-    let live = needed(graph, &chains);
+    let live = needed(graph, &found);
     let mut map: Vec<Option<ValueId>> = vec![None; graph.nodes.len()];
     for (id, node) in graph.nodes.iter().enumerate() {
         if !live[id] {
@@ -55,8 +67,8 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
         }
         let new = |v: ValueId| map[v].expect("inputs come first and are live");
         let at = &*node.origin;
-        map[id] = Some(match chains.get(&id) {
-            Some(c) => {
+        map[id] = Some(match found.get(&id) {
+            Some(Composite::Attention(c)) => {
                 let r = graph.ty(c.kt).rank();
                 let mut perm: Vec<usize> = (0..r).collect();
                 perm.swap(r - 2, r - 1);
@@ -68,6 +80,15 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
                     causal: c.causal,
                     has_mask: c.mask.is_some(),
                 };
+                out.add(op, &inputs, at)?
+            }
+            Some(Composite::RmsNorm(n)) => {
+                let op = Op::RmsNorm {
+                    axis: n.axis,
+                    eps: n.eps,
+                    has_weight: n.weight.is_some(),
+                };
+                let inputs: Vec<ValueId> = [n.x].into_iter().chain(n.weight).map(new).collect();
                 out.add(op, &inputs, at)?
             }
             None if node.inputs.is_empty() => {
@@ -85,6 +106,22 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
         .map(|&o| map[o].expect("outputs are live"))
         .collect();
     Ok(out)
+}
+
+/// A composite op found in place of the node that ends its decomposition.
+enum Composite {
+    Attention(Chain),
+    RmsNorm(Norm),
+}
+
+impl Composite {
+    /// The values the composite op reads.
+    fn reads(&self) -> Vec<ValueId> {
+        match self {
+            Composite::Attention(c) => [c.q, c.kt, c.v].into_iter().chain(c.mask).collect(),
+            Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
+        }
+    }
 }
 
 /// One attention chain: `softmax(q·kt·scale (+ mask)) · v`.
@@ -214,8 +251,8 @@ fn scalar(g: &Graph, x: ValueId) -> Option<f64> {
 }
 
 /// Which nodes the rewritten graph keeps: inputs, and whatever an output needs once each
-/// chain's last product reads its q, kt, v and mask directly.
-fn needed(g: &Graph, chains: &BTreeMap<ValueId, Chain>) -> Vec<bool> {
+/// composite reads its operands directly.
+fn needed(g: &Graph, found: &BTreeMap<ValueId, Composite>) -> Vec<bool> {
     let mut live = vec![false; g.nodes.len()];
     let mut stack: Vec<ValueId> = g.outputs.clone();
     stack.extend(g.inputs.iter().copied());
@@ -223,8 +260,8 @@ fn needed(g: &Graph, chains: &BTreeMap<ValueId, Chain>) -> Vec<bool> {
         if std::mem::replace(&mut live[v], true) {
             continue;
         }
-        match chains.get(&v) {
-            Some(c) => stack.extend([c.q, c.kt, c.v].into_iter().chain(c.mask)),
+        match found.get(&v) {
+            Some(c) => stack.extend(c.reads()),
             None => stack.extend(g.nodes[v].inputs.iter().copied()),
         }
     }
@@ -280,4 +317,150 @@ fn is_causal_mask(g: &Graph, weights: &Weights, m: ValueId) -> bool {
             }
         })
     })
+}
+
+/// An RMS norm: `x / sqrt(mean(x²) + eps) (· weight)` over dims `axis..`.
+#[derive(Clone, Copy, Debug)]
+struct Norm {
+    x: ValueId,
+    weight: Option<ValueId>,
+    axis: usize,
+    eps: f64,
+}
+
+/// The RMS norm ending at node `id`: the normalized `x` times a weight over the normalized
+/// dims (either operand), or the normalization itself. f32/f64 only: decomposed f16/bf16
+/// norms round every intermediate, which the fused op does not.
+fn rms_norm_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Norm> {
+    let node = &g.nodes[id];
+    if !matches!(node.ty.dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    if node.op == Op::Binary(BinaryOp::Mul) {
+        let [a, b] = node.inputs[..] else {
+            return None;
+        };
+        for (n, w) in [(a, b), (b, a)] {
+            let Some(norm) = (uses[n] == 1).then(|| normalized(g, uses, n)).flatten() else {
+                continue;
+            };
+            let dims = &g.ty(norm.x).shape[norm.axis..];
+            if let Some(w) = broadcast_weight(g, w, dims, node.ty.dtype) {
+                return Some(Norm {
+                    weight: Some(w),
+                    ..norm
+                });
+            }
+        }
+    }
+    normalized(g, uses, id)
+}
+
+/// `v` as `x · rsqrt(mean(x²) + eps)` (either operand; rsqrt also as 1/sqrt) or
+/// `x / sqrt(mean(x²) + eps)`, every intermediate used once.
+fn normalized(g: &Graph, uses: &[usize], v: ValueId) -> Option<Norm> {
+    let node = &g.nodes[v];
+    let [a, b] = node.inputs[..] else {
+        return None;
+    };
+    let norm = |x: ValueId, (axis, eps)| Norm {
+        x,
+        weight: None,
+        axis,
+        eps,
+    };
+    match node.op {
+        Op::Binary(BinaryOp::Mul) => [(a, b), (b, a)]
+            .into_iter()
+            .find_map(|(x, s)| inverse_rms(g, uses, s, x, false).map(|p| norm(x, p))),
+        Op::Binary(BinaryOp::Div) => inverse_rms(g, uses, b, a, true).map(|p| norm(a, p)),
+        _ => None,
+    }
+}
+
+/// `s` (possibly broadcast) as `1 / sqrt(mean(x²) + eps)`, or as `sqrt(mean(x²) + eps)`
+/// when `root` (a divisor): `(axis, eps)` with the mean over `axis..` of `x`.
+fn inverse_rms(
+    g: &Graph,
+    uses: &[usize],
+    s: ValueId,
+    x: ValueId,
+    root: bool,
+) -> Option<(usize, f64)> {
+    let once = |v: ValueId| (uses[v] == 1).then_some(v);
+    let input = |v: ValueId| g.nodes[v].inputs.first().copied();
+    let mut s = once(s)?;
+    if let Op::Expand { .. } = g.nodes[s].op {
+        s = once(input(s)?)?;
+    }
+    let sum_eps = match (&g.nodes[s].op, root) {
+        (Op::Unary(UnaryOp::Rsqrt), false) => input(s)?,
+        (Op::Unary(UnaryOp::Recip), false) => {
+            let r = once(input(s)?)?;
+            (g.nodes[r].op == Op::Unary(UnaryOp::Sqrt)).then_some(())?;
+            input(r)?
+        }
+        (Op::Unary(UnaryOp::Sqrt), true) => input(s)?,
+        _ => return None,
+    };
+    let sum_eps = once(sum_eps)?;
+    let Op::Binary(BinaryOp::Add) = g.nodes[sum_eps].op else {
+        return None;
+    };
+    let [p, q] = g.nodes[sum_eps].inputs[..] else {
+        return None;
+    };
+    let (mean, eps) = match (scalar(g, p), scalar(g, q)) {
+        (_, Some(e)) => (p, e),
+        (Some(e), None) => (q, e),
+        _ => return None,
+    };
+    let (sum, per) = scaled(g, once(mean)?)?;
+    let sum = once(sum)?;
+    let Op::Reduce {
+        op: ReduceOp::Sum,
+        ref axes,
+        keepdim: true,
+    } = g.nodes[sum].op
+    else {
+        return None;
+    };
+    let square = once(input(sum)?)?;
+    let squares_x = match (&g.nodes[square].op, &g.nodes[square].inputs[..]) {
+        (Op::Binary(BinaryOp::Mul), &[a, b]) => a == x && b == x,
+        (Op::Binary(BinaryOp::Pow), &[a, b]) => a == x && scalar(g, b) == Some(2.0),
+        _ => false,
+    };
+    let shape = &g.ty(x).shape;
+    let axis = *axes.first()?;
+    let trailing = axes.iter().copied().eq(axis..shape.len());
+    let count: Option<i64> = shape[axis..].iter().map(|d| d.as_const()).product();
+    let mean_ok = count.is_some_and(|n| n > 0 && (per * n as f64 - 1.0).abs() < 1e-6);
+    (squares_x && trailing && mean_ok && eps >= 0.0).then_some((axis, eps))
+}
+
+/// The value `w` broadcasts: one of exactly the normalized `dims` (and `dtype`), given
+/// leading 1s by reshapes, then broadcast over the leading dims by expands.
+fn broadcast_weight(g: &Graph, w: ValueId, dims: &[Dim], dtype: DType) -> Option<ValueId> {
+    let trailing = |v: ValueId| {
+        let s = &g.ty(v).shape;
+        s.len() >= dims.len() && s[s.len() - dims.len()..] == *dims
+    };
+    let mut v = w;
+    loop {
+        let t = g.ty(v);
+        if t.shape == dims {
+            return (t.dtype == dtype).then_some(v);
+        }
+        let from = *g.nodes[v].inputs.first()?;
+        let leading_ones = t.shape[..t.rank().saturating_sub(dims.len())]
+            .iter()
+            .all(|d| *d == Dim::Const(1));
+        match g.nodes[v].op {
+            Op::Expand { .. } if trailing(v) && trailing(from) => {}
+            Op::Reshape { .. } if trailing(v) && leading_ones => {}
+            _ => return None,
+        }
+        v = from;
+    }
 }
