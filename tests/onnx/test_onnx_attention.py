@@ -104,3 +104,41 @@ def test_constant_causal_mask_becomes_causal_attention(masked: float) -> None:
         compiled = ember.compile_onnx(model)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert f"causal={str(causal).lower()}" in compiled.ir(), compiled.ir()
+
+
+def test_grouped_query_keys_transposed_after_the_repeat() -> None:
+    """torch's exporter repeats grouped-query KV heads (Unsqueeze, Expand, Reshape) and then
+    transposes the keys through batch-regrouping reshapes: the attention reads the repeat
+    itself (the optimizer then keeps the broadcast a view)."""
+    q, k, v = randn(1, 4, 5, 8, seed=7), randn(1, 2, 7, 8, seed=8), randn(1, 2, 7, 3, seed=9)
+    i64 = lambda *xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    inits = {
+        "ax": i64(2),
+        "wide": i64(1, 2, 2, 7, 8),
+        "wide_v": i64(1, 2, 2, 7, 3),
+        "flat": i64(4, 7, 8),
+        "heads_kt": i64(1, 4, 8, 7),
+        "heads_v": i64(1, 4, 7, 3),
+        "c": np.array(8**-0.25, dtype=np.float32),
+    }
+    nodes = [
+        helper.make_node("Unsqueeze", ["k", "ax"], ["k5"]),
+        helper.make_node("Expand", ["k5", "wide"], ["kw"]),
+        helper.make_node("Reshape", ["kw", "flat"], ["kf"]),
+        helper.make_node("Transpose", ["kf"], ["kft"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["kft", "heads_kt"], ["kt"]),
+        helper.make_node("Unsqueeze", ["v", "ax"], ["v5"]),
+        helper.make_node("Expand", ["v5", "wide_v"], ["vw"]),
+        helper.make_node("Reshape", ["vw", "heads_v"], ["vr"]),
+        helper.make_node("Mul", ["q", "c"], ["qs"]),
+        helper.make_node("Mul", ["kt", "c"], ["ks"]),
+        helper.make_node("MatMul", ["qs", "ks"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["weights"], axis=-1),
+        helper.make_node("MatMul", ["weights", "vr"], ["out"]),
+    ]
+    feeds = {"q": q, "k": k, "v": v}
+    model = make_model(nodes, feeds, ["out"], initializers=inits)
+    for iterations in (0, 4):
+        compiled = ember.compile_onnx(model, search_iterations=iterations)
+        check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+        assert "attention(" in compiled.ir() and "permute(" not in compiled.ir()

@@ -69,10 +69,19 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
         let at = &*node.origin;
         map[id] = Some(match found.get(&id) {
             Some(Composite::Attention(c)) => {
-                let r = graph.ty(c.kt).rank();
-                let mut perm: Vec<usize> = (0..r).collect();
-                perm.swap(r - 2, r - 1);
-                let k = out.add(Op::Permute { perm }, &[new(c.kt)], at)?;
+                let kt = graph.ty(c.kt);
+                let r = kt.rank();
+                let mut k_shape = kt.shape.clone();
+                k_shape.swap(r - 2, r - 1);
+                let k = match untransposed(graph, c.kt) {
+                    Some(keys) if graph.ty(keys).shape == k_shape => new(keys),
+                    Some(keys) => out.add(Op::Reshape { shape: k_shape }, &[new(keys)], at)?,
+                    None => {
+                        let mut perm: Vec<usize> = (0..r).collect();
+                        perm.swap(r - 2, r - 1);
+                        out.add(Op::Permute { perm }, &[new(c.kt)], at)?
+                    }
+                };
                 let mut inputs = vec![new(c.q), k, new(c.v)];
                 inputs.extend(c.mask.map(new));
                 let op = Op::Attention {
@@ -116,9 +125,12 @@ enum Composite {
 
 impl Composite {
     /// The values the composite op reads.
-    fn reads(&self) -> Vec<ValueId> {
+    fn reads(&self, g: &Graph) -> Vec<ValueId> {
         match self {
-            Composite::Attention(c) => [c.q, c.kt, c.v].into_iter().chain(c.mask).collect(),
+            Composite::Attention(c) => {
+                let k = untransposed(g, c.kt).unwrap_or(c.kt);
+                [c.q, k, c.v].into_iter().chain(c.mask).collect()
+            }
             Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
         }
     }
@@ -261,7 +273,7 @@ fn needed(g: &Graph, found: &BTreeMap<ValueId, Composite>) -> Vec<bool> {
             continue;
         }
         match found.get(&v) {
-            Some(c) => stack.extend(c.reads()),
+            Some(c) => stack.extend(c.reads(g)),
             None => stack.extend(g.nodes[v].inputs.iter().copied()),
         }
     }
@@ -463,4 +475,45 @@ fn broadcast_weight(g: &Graph, w: ValueId, dims: &[Dim], dtype: DType) -> Option
         }
         v = from;
     }
+}
+
+/// The keys `kt` (`[B.., E, S]`) transposes, when it is a swap of the last two dims with
+/// batch-regrouping reshapes around it: a value whose elements, regrouped to `kt`'s batch
+/// dims, are the keys `[B.., S, E]`. Exporters transpose grouped-query keys after repeating
+/// them (`Reshape(Transpose(Reshape(Expand(k))))`); reading the repeat itself lets the
+/// optimizer keep the broadcast a view, as it does for attention traced by torch.
+fn untransposed(g: &Graph, kt: ValueId) -> Option<ValueId> {
+    let regroups = |v: ValueId| {
+        let (Op::Reshape { .. }, Some(&from)) = (&g.nodes[v].op, g.nodes[v].inputs.first()) else {
+            return None;
+        };
+        let (a, b) = (&g.ty(from).shape, &g.ty(v).shape);
+        let batch = |s: &[Dim]| {
+            s[..s.len() - 2]
+                .iter()
+                .map(Dim::as_const)
+                .product::<Option<i64>>()
+        };
+        let keeps = a.len() >= 2 && b.len() >= 2 && a[a.len() - 2..] == b[b.len() - 2..];
+        (keeps && batch(a).is_some() && batch(a) == batch(b)).then_some(from)
+    };
+    let mut v = kt;
+    while let Some(from) = regroups(v) {
+        v = from;
+    }
+    let Op::Permute { perm } = &g.nodes[v].op else {
+        return None;
+    };
+    let r = perm.len();
+    let swap = r >= 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[r - 2..] == [r - 1, r - 2];
+    if !swap {
+        return None;
+    }
+    let mut keys = g.nodes[v].inputs[0];
+    while let Some(from) = regroups(keys) {
+        keys = from;
+    }
+    Some(keys)
 }
