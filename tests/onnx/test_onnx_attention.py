@@ -46,11 +46,16 @@ def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
     return make_model(nodes, feeds, outputs, initializers=inits), feeds
 
 
+# The CUDA backend's attention kernels, run by its emulator, where the wheel has them.
+BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", ["both", "after"])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_decomposed_attention_runs_fused(form: str, with_mask: bool) -> None:
+def test_decomposed_attention_runs_fused(form: str, with_mask: bool, backend: str) -> None:
     model, feeds = _attention_model(form, with_mask)
-    compiled = ember.compile_onnx(model)
+    compiled = ember.compile_onnx(model, backend=backend)
     check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
     ir = compiled.ir()
     assert "attention(" in ir and "softmax(" not in ir, ir
@@ -81,8 +86,9 @@ def test_eager_attention_traced_from_torch_runs_fused() -> None:
     assert "attention(" in compiled.ir()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("masked", [-np.inf, np.finfo(np.float32).min])
-def test_constant_causal_mask_becomes_causal_attention(masked: float) -> None:
+def test_constant_causal_mask_becomes_causal_attention(masked: float, backend: str) -> None:
     """The causal mask an exporter captures as a constant (-inf, or the dtype's lowest as
     Hugging Face writes it) runs as causal attention, which skips the masked keys."""
     q, k, v = randn(1, 2, 6, 8, seed=1), randn(1, 2, 6, 8, seed=2), randn(1, 2, 6, 5, seed=3)
@@ -101,12 +107,13 @@ def test_constant_causal_mask_becomes_causal_attention(masked: float) -> None:
     for mask, causal in [(bias, True), (not_causal, False)]:
         inits = {"c": np.array(0.3, dtype=np.float32), "bias": mask}
         model = make_model(nodes, feeds, ["out"], initializers=inits)
-        compiled = ember.compile_onnx(model)
+        compiled = ember.compile_onnx(model, backend=backend)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert f"causal={str(causal).lower()}" in compiled.ir(), compiled.ir()
 
 
-def test_grouped_query_keys_transposed_after_the_repeat() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_query_keys_transposed_after_the_repeat(backend: str) -> None:
     """torch's exporter repeats grouped-query KV heads (Unsqueeze, Expand, Reshape) and then
     transposes the keys through batch-regrouping reshapes: the attention reads the repeat
     itself (the optimizer then keeps the broadcast a view)."""
@@ -139,6 +146,6 @@ def test_grouped_query_keys_transposed_after_the_repeat() -> None:
     feeds = {"q": q, "k": k, "v": v}
     model = make_model(nodes, feeds, ["out"], initializers=inits)
     for iterations in (0, 4):
-        compiled = ember.compile_onnx(model, search_iterations=iterations)
+        compiled = ember.compile_onnx(model, backend=backend, search_iterations=iterations)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert "attention(" in compiled.ir() and "permute(" not in compiled.ir()
