@@ -12,6 +12,7 @@ mod fuse;
 mod kernels;
 mod par;
 pub mod profile;
+mod scratch;
 mod simd;
 mod strided;
 

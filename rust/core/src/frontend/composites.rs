@@ -73,7 +73,7 @@ pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
                 let r = kt.rank();
                 let mut k_shape = kt.shape.clone();
                 k_shape.swap(r - 2, r - 1);
-                let k = match untransposed(graph, c.kt) {
+                let k = match c.keys {
                     Some(keys) if graph.ty(keys).shape == k_shape => new(keys),
                     Some(keys) => out.add(Op::Reshape { shape: k_shape }, &[new(keys)], at)?,
                     None => {
@@ -125,10 +125,10 @@ enum Composite {
 
 impl Composite {
     /// The values the composite op reads.
-    fn reads(&self, g: &Graph) -> Vec<ValueId> {
+    fn reads(&self) -> Vec<ValueId> {
         match self {
             Composite::Attention(c) => {
-                let k = untransposed(g, c.kt).unwrap_or(c.kt);
+                let k = c.keys.unwrap_or(c.kt);
                 [c.q, k, c.v].into_iter().chain(c.mask).collect()
             }
             Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
@@ -142,6 +142,9 @@ struct Chain {
     q: ValueId,
     /// The keys transposed (`[B.., E, S]`), as the first product reads them.
     kt: ValueId,
+    /// What `kt` transposes, when it is a transpose ([`untransposed`]): the attention reads
+    /// it (regrouped to `kt`'s batch dims) instead of transposing `kt` back.
+    keys: Option<ValueId>,
     v: ValueId,
     mask: Option<ValueId>,
     causal: bool,
@@ -197,6 +200,7 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
     (shapes && mask_ok).then_some(Chain {
         q,
         kt,
+        keys: untransposed(g, kt),
         v,
         mask,
         causal: false,
@@ -273,7 +277,7 @@ fn needed(g: &Graph, found: &BTreeMap<ValueId, Composite>) -> Vec<bool> {
             continue;
         }
         match found.get(&v) {
-            Some(c) => stack.extend(c.reads(g)),
+            Some(c) => stack.extend(c.reads()),
             None => stack.extend(g.nodes[v].inputs.iter().copied()),
         }
     }

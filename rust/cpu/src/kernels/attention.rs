@@ -12,6 +12,7 @@ use crate::buffer::{Val, View};
 use crate::elem::{FloatElem, Real, B8};
 use crate::error::{CpuError, KResult};
 use crate::par;
+use crate::scratch::with_scratch;
 use crate::simd;
 use crate::strided::batch_offsets;
 
@@ -175,93 +176,95 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
             let [oq, ok, ov, om] = offs[b];
             let rows = o.len() / ev;
             let keys = if p.causal { s.min(i0 + rows) } else { s };
-            let mut scores = vec![<T as Real>::ZERO; rows * keys];
-            let mq = Mat::of(&vq, oq + i0 as isize * vq.strides[r - 2], nb);
-            match &packed_keys {
-                Some(packed) => {
-                    let q = sgemm::Strided {
-                        ptr: mq.ptr.cast(),
-                        rs: mq.rs,
-                        cs: mq.cs,
-                    };
-                    let panels = Operand::PanelsB(packed.of(b));
-                    // SAFETY: T is f32 (`packed_keys` exists); q's rows i0.. lie in a checked
-                    // view; the panels hold all s keys (so the first `keys`); scores holds
-                    // rows·keys elements.
-                    unsafe {
-                        let out = scores.as_mut_ptr().cast();
-                        sgemm::sgemm((rows, keys, e), Operand::Strided(q), panels, out, keys, t)
+            with_scores(rows * keys, |scores: &mut [T]| {
+                let mq = Mat::of(&vq, oq + i0 as isize * vq.strides[r - 2], nb);
+                match &packed_keys {
+                    Some(packed) => {
+                        let q = sgemm::Strided {
+                            ptr: mq.ptr.cast(),
+                            rs: mq.rs,
+                            cs: mq.cs,
+                        };
+                        let panels = Operand::PanelsB(packed.of(b));
+                        // SAFETY: T is f32 (`packed_keys` exists); q's rows i0.. lie in a checked
+                        // view; the panels hold all s keys (so the first `keys`); scores holds
+                        // rows·keys elements.
+                        unsafe {
+                            let out = scores.as_mut_ptr().cast();
+                            sgemm::sgemm((rows, keys, e), Operand::Strided(q), panels, out, keys, t)
+                        }
+                    }
+                    None => {
+                        let mk = Mat::of(&vk, ok, nb).transposed();
+                        // SAFETY: q's rows i0.. and k's first `keys` rows lie in checked views;
+                        // scores holds rows·keys elements.
+                        unsafe { gemm_into(scores, keys, (rows, keys, e), mq, mk, t) };
                     }
                 }
-                None => {
-                    let mk = Mat::of(&vk, ok, nb).transposed();
-                    // SAFETY: q's rows i0.. and k's first `keys` rows lie in checked views;
-                    // scores holds rows·keys elements.
-                    unsafe { gemm_into(&mut scores, keys, (rows, keys, e), mq, mk, t) };
-                }
-            }
-            let factors: Vec<T> = (scores.chunks_mut(keys.max(1)).enumerate().take(rows))
-                .map(|(ii, row)| finish_row(row, i0 + ii, om))
-                .collect();
-            let mp = Mat {
-                ptr: scores.as_ptr(),
-                rs: keys as isize,
-                cs: 1,
-            };
-            // SAFETY: scores is rows×keys and alive; v's first `keys` rows lie in a checked
-            // view; o holds rows·ev elements.
-            unsafe { gemm_into(o, ev, (rows, ev, keys), mp, Mat::of(&vv, ov, nb), t) };
-            simd::wide(
-                #[inline(always)]
-                || scale_rows(o, ev, &factors),
-            );
+                let factors: Vec<T> = (scores.chunks_mut(keys.max(1)).enumerate().take(rows))
+                    .map(|(ii, row)| finish_row(row, i0 + ii, om))
+                    .collect();
+                let mp = Mat {
+                    ptr: scores.as_ptr(),
+                    rs: keys as isize,
+                    cs: 1,
+                };
+                // SAFETY: scores is rows×keys and alive; v's first `keys` rows lie in a checked
+                // view; o holds rows·ev elements.
+                unsafe { gemm_into(o, ev, (rows, ev, keys), mp, Mat::of(&vv, ov, nb), t) };
+                simd::wide(
+                    #[inline(always)]
+                    || scale_rows(o, ev, &factors),
+                );
+            })
         };
         // f32 on AVX2 + FMA: the products in registers (the generic loops below keep an
         // output row in memory and did not vectorize the dot products well).
         let avx2_f32 = T::DTYPE == DType::F32 && sgemm::available();
         let direct = |o: &mut [T], &[oq, ok, ov, om]: &[isize; 4]| {
-            let mut scores = vec![<T as Real>::ZERO; l * s];
-            let (q, k, v) = ((&vq, oq, qs), (&vk, ok, ks), (&vv, ov, vs));
-            if avx2_f32 {
-                // SAFETY: T is f32 (checked above); the rows lie in checked views with unit
-                // stride along e/ev (`direct_ok`); scores holds l·s and o l·ev elements.
-                unsafe {
-                    fast::scores(
-                        scores.as_mut_ptr().cast(),
-                        rows_f32(q),
-                        rows_f32(k),
-                        (l, s, e),
-                    )
-                };
-            } else {
+            with_scores(l * s, |scores: &mut [T]| {
+                let (q, k, v) = ((&vq, oq, qs), (&vk, ok, ks), (&vv, ov, vs));
+                if avx2_f32 {
+                    // SAFETY: T is f32 (checked above); the rows lie in checked views with unit
+                    // stride along e/ev (`direct_ok`); scores holds l·s and o l·ev elements.
+                    unsafe {
+                        fast::scores(
+                            scores.as_mut_ptr().cast(),
+                            rows_f32(q),
+                            rows_f32(k),
+                            (l, s, e),
+                        )
+                    };
+                } else {
+                    simd::wide(
+                        #[inline(always)]
+                        || scores_direct(scores, q, k, (l, s, e)),
+                    );
+                }
+                let factors: Vec<T> = (scores.chunks_mut(s.max(1)).enumerate().take(l))
+                    .map(|(i, row)| finish_row(row, i, om))
+                    .collect();
+                if avx2_f32 {
+                    // SAFETY: as above.
+                    unsafe {
+                        fast::weighted(
+                            o.as_mut_ptr().cast(),
+                            scores.as_ptr().cast(),
+                            rows_f32(v),
+                            (l, s, ev),
+                        )
+                    };
+                } else {
+                    simd::wide(
+                        #[inline(always)]
+                        || weighted_rows(o, scores, v, (s, ev)),
+                    );
+                }
                 simd::wide(
                     #[inline(always)]
-                    || scores_direct(&mut scores, q, k, (l, s, e)),
+                    || scale_rows(o, ev, &factors),
                 );
-            }
-            let factors: Vec<T> = (scores.chunks_mut(s.max(1)).enumerate().take(l))
-                .map(|(i, row)| finish_row(row, i, om))
-                .collect();
-            if avx2_f32 {
-                // SAFETY: as above.
-                unsafe {
-                    fast::weighted(
-                        o.as_mut_ptr().cast(),
-                        scores.as_ptr().cast(),
-                        rows_f32(v),
-                        (l, s, ev),
-                    )
-                };
-            } else {
-                simd::wide(
-                    #[inline(always)]
-                    || weighted_rows(o, &scores, v, (s, ev)),
-                );
-            }
-            simd::wide(
-                #[inline(always)]
-                || scale_rows(o, ev, &factors),
-            );
+            })
         };
         let parallel = threads > 1 && offs.len() * l * s * (e + ev) >= PAR_MIN_WORK;
         if direct_ok {
@@ -407,6 +410,18 @@ fn hide_row<T: Real>(row: &mut [T], keep: &[B8]) {
             *x = -T::INF;
         }
     }
+}
+
+/// `f` on `n` elements of this thread's scratch viewed as `T` (f32 or f64), for score rows:
+/// every user writes all of them before reading any, and a fresh allocation per task was
+/// mapped and page-faulted in once the rows of a long sequence grew large.
+fn with_scores<T: Real, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let words = (n * std::mem::size_of::<T>()).div_ceil(8);
+    with_scratch(words, |p| {
+        // SAFETY: the scratch holds at least n·size_of::<T>() bytes, 8-byte aligned (T is f32
+        // or f64, for which any bits are a value), and nothing else uses it meanwhile.
+        f(unsafe { std::slice::from_raw_parts_mut(p.cast::<T>(), n) })
+    })
 }
 
 /// A batch's rows: the view, the offset of row 0, the row stride (elements contiguous).

@@ -4,7 +4,6 @@
 //! scratch slot that stays in L1, and the root writes straight into the output. The steps
 //! run the closures of `elementwise.rs`, so every node rounds exactly as it does unfused.
 
-use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use ember_core::dtype::DType;
@@ -17,6 +16,7 @@ use crate::elem::vecmath::{Fma, Kernel};
 use crate::error::{CpuError, KResult};
 use crate::fuse::Group;
 use crate::par;
+use crate::scratch::with_scratch;
 use crate::simd;
 use crate::strided::{coalesce, for_runs, PAR_MIN};
 
@@ -202,29 +202,6 @@ impl<'a> Pass<'a> {
             self.range(t * chunk, ((t + 1) * chunk).min(n))
         })
     }
-}
-
-thread_local! {
-    /// Per-thread scratch slots, reused across calls: a fresh zeroed allocation per group
-    /// and call was ~5 % of a decode step (`memset`).
-    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with at least `words` words of scratch (arbitrary contents).
-fn with_scratch<R>(words: usize, f: impl FnOnce(*mut u64) -> R) -> R {
-    SCRATCH.with(|cell| {
-        let mut fresh = Vec::new();
-        // Re-entered on this thread (not expected): a buffer of its own.
-        let mut held = cell.try_borrow_mut();
-        let buf = match held.as_mut() {
-            Ok(b) => &mut **b,
-            Err(_) => &mut fresh,
-        };
-        if buf.len() < words {
-            buf.resize(words, 0);
-        }
-        f(buf.as_mut_ptr())
-    })
 }
 
 /// Rough cost of one element of an op, in cheap arithmetic ops (a polynomial transcendental

@@ -7,18 +7,19 @@
 //! unit stride (activations, as a rule) is read in place, as MLAS does: the tile broadcasts
 //! from `MR` row pointers. Packing it into `MR`-row panels first (k-major) was a serial pass
 //! the other threads waited on (two threads ran a 64×256·256×256 product slower than one);
-//! other left operands (weights packed at compile time, transposed views) are packed. A 6×16 register tile (12 accumulators of 8
-//! lanes) then multiplies one panel of each with two vector loads, six broadcasts and twelve
-//! FMAs per step of k. Loops are blocked so a `b` panel slice (`KC`×16) stays in L1 and an `a`
-//! block (`MC`×`KC`) in L2. On AVX-512 CPUs tiles of three rows or more span two panels at
-//! once (6×32: twelve 16-lane accumulators), the same FMAs in the same order — about twice
-//! the arithmetic per cycle, as ONNX Runtime's MLAS gets there (`EMBER_CPU_AVX512=0` keeps
-//! the AVX2 tile).
+//! other left operands (weights packed at compile time, transposed views) are packed. A
+//! 6×16 register tile (12 accumulators of 8 lanes) then multiplies `MR` rows of `a` by one
+//! `b` panel with two vector loads, six broadcasts and twelve FMAs per step of k. Loops are
+//! blocked so a `b` panel slice (`KC`×16) stays in L1 and an `a` block (`MC`×`KC`) in L2.
+//! On AVX-512 CPUs tiles of three rows or more span two panels at once (6×32: twelve
+//! 16-lane accumulators), the same FMAs in the same order — about twice the arithmetic per
+//! cycle, as ONNX Runtime's MLAS gets there (`EMBER_CPU_AVX512=0` keeps the AVX2 tile).
 //!
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
-//! packs only its activations: for the skinny products of inference (few rows, wide weights)
-//! packing the weight per call costs as much as the product. Measured against the `gemm`
-//! crate on the benchmark shapes (`cargo run -p ember-cpu --release --example gemm_bench`).
+//! packs at most its activations (none when their rows are contiguous): for the skinny
+//! products of inference (few rows, wide weights) packing the weight per call costs as much
+//! as the product. Measured against the `gemm` crate on the benchmark shapes
+//! (`cargo run -p ember-cpu --release --example gemm_bench`).
 //! Work is split into (row block × column group) tasks through `par.rs`, so it runs on the
 //! caller's thread with the pool helping, never behind a thread hand-off.
 //!
