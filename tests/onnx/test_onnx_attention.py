@@ -149,3 +149,27 @@ def test_grouped_query_keys_transposed_after_the_repeat(backend: str) -> None:
         compiled = ember.compile_onnx(model, backend=backend, search_iterations=iterations)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert "attention(" in compiled.ir() and "permute(" not in compiled.ir()
+
+
+def test_torch_mask_buffer_updated_in_place_is_followed() -> None:
+    """A causal mask held in a module buffer is a weight the caller may change in place
+    after compiling: the fused attention must keep reading it, not fix it as causal."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            causal = torch.full((6, 6), float("-inf")).triu(1)
+            self.register_buffer("bias", causal)
+
+        def forward(self, q, k, v):
+            w = torch.softmax(q @ k.transpose(-1, -2) * 0.3 + self.bias, dim=-1)
+            return w @ v
+
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 5)
+    model = Masked().eval()
+    compiled = ember.compile(model, q, k, v)
+    assert "attention(" in compiled.ir()
+    torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model.bias[4, 2] = float("-inf")  # one more key hidden: no longer causal
+    torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-5, atol=1e-5)

@@ -34,15 +34,17 @@ use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 
 /// `graph` with every decomposed attention chain replaced by `Op::Attention` and every RMS
 /// norm by `Op::RmsNorm`, and the nodes no output needs any more removed (inputs are
-/// kept). Unchanged when there is none. `weights` (the values known at load time) let a
-/// constant causal mask be recognized.
-pub fn recover(graph: &Graph, weights: &Weights) -> Result<Graph> {
+/// kept). Unchanged when there is none. `fixed` holds the weights whose values can never
+/// change after loading (an ONNX file's initializers), which lets a causal mask stored as a
+/// weight be recognized; weights a caller can rebind later (PT2 parameters and buffers,
+/// updated in place) must not be passed, or a changed mask would be ignored.
+pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
     let uses = graph.use_counts();
     let found: BTreeMap<ValueId, Composite> = (0..graph.nodes.len())
         .filter_map(|id| {
             let found = match attention_chain(graph, &uses, id) {
                 Some(mut c) => {
-                    if c.mask.is_some_and(|m| is_causal_mask(graph, weights, m)) {
+                    if c.mask.is_some_and(|m| is_causal_mask(graph, fixed, m)) {
                         (c.mask, c.causal) = (None, true);
                     }
                     Composite::Attention(c)
@@ -285,10 +287,10 @@ fn needed(g: &Graph, found: &BTreeMap<ValueId, Composite>) -> Vec<bool> {
 }
 
 /// Whether the additive mask `m` (`[B.., L, S]`) is the same causal pattern for every batch:
-/// broadcasts (expands keeping the last two dims) of reshapes of a constant or loaded weight
-/// of L·S values, 0 where key j ≤ query i and -inf (or below -1e30, the dtype's lowest as
+/// broadcasts (expands keeping the last two dims) of reshapes of a constant or a fixed
+/// weight of L·S values, 0 where key j ≤ query i and -inf (or below -1e30, the dtype's lowest as
 /// some exporters write it) where j > i.
-fn is_causal_mask(g: &Graph, weights: &Weights, m: ValueId) -> bool {
+fn is_causal_mask(g: &Graph, fixed: &Weights, m: ValueId) -> bool {
     let shape = &g.ty(m).shape;
     let r = shape.len();
     let (Some(l), Some(s)) = (shape[r - 2].as_const(), shape[r - 1].as_const()) else {
@@ -310,7 +312,7 @@ fn is_causal_mask(g: &Graph, weights: &Weights, m: ValueId) -> bool {
     let node = &g.nodes[x];
     let (dtype, bytes, numel): (_, &[u8], usize) = match &node.op {
         Op::Constant(c) => (node.ty.dtype, &c.bytes, c.shape.iter().product()),
-        Op::Weight { name } => match weights.get(name) {
+        Op::Weight { name } => match fixed.get(name) {
             Some(t) => (t.dtype, t.bytes(), t.numel()),
             None => return false,
         },

@@ -513,7 +513,8 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     if output_names.is_empty() {
         return Err(Error::Compile("the ONNX graph has no outputs".into()));
     }
-    // Attention as exporters spell it (MatMul, Softmax, MatMul) runs as one fused op.
+    // Attention and RMS norm as exporters spell them run as fused ops; initializers are
+    // the file's, fixed once loaded.
     let graph = crate::frontend::composites::recover(&ctx.b.g, &ctx.weights)?;
     verify(&graph)?;
     check_symbols_bound(&graph)?;

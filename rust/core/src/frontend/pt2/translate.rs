@@ -317,8 +317,9 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         ctx.b.g.outputs.push(id);
         output_names.push(name);
     }
-    // Attention written out in aten ops ("eager" attention) runs as one fused op.
-    let graph = crate::frontend::composites::recover(&ctx.b.g, &weights)?;
+    // Attention and RMS norm written out in aten ops run as fused ops. No weight counts as
+    // fixed: parameters and buffers can be updated in place and rebound after compiling.
+    let graph = crate::frontend::composites::recover(&ctx.b.g, &Weights::new())?;
     verify(&graph)?;
     check_symbols_bound(&graph)?;
     Ok(Pt2Program {
