@@ -16,3 +16,5 @@ if [ -n "$(${CXX:-c++} -print-file-name=libtsan.so 2>/dev/null | grep /)" ]; the
 fi
 python3 -m ruff check python tests bench
 python3 -m pytest -q -p no:cacheprovider
+# The conv kernels AVX2-only CPUs pick (the AVX-512 ones take these shapes here).
+EMBER_CPU_AVX512=0 python3 -m pytest -q -p no:cacheprovider tests/ops/test_conv.py -k cpu

@@ -4,6 +4,7 @@ adaptive avg/max), interpolate (nearest, bilinear both ways), pad modes, and the
 use (eval batch norm, group norm, instance norm)."""
 
 import pytest
+import torch
 import torch.nn.functional as F
 from conftest import Fn, check, ember, rand
 from torch import nn
@@ -267,6 +268,26 @@ def test_conv_shifted_rows_with_fused_epilogue(batch, width, dilation, backend):
     check(
         lambda x: (block(x), down(block(x))),
         [rand(batch, 13, 9, width)],
+        backend,
+        **TOL,
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("size", [8, 7, 3])
+def test_conv_channel_lanes_on_small_planes(batch, size, backend):
+    # On AVX-512 CPUs, f32 convs with a multiple of 64 output channels on small static
+    # planes put output channels along the vector lanes (weights packed k × channels, the
+    # result stored transposed); 192 input channels span several slices of the weight, a
+    # grouped conv packs each group's 64 channels apart, a strided one reads phases.
+    block = _ResidualBlock(64, 1).eval()
+    wide = nn.Conv2d(64, 192, 3, padding=1).eval()
+    deep = nn.Conv2d(192, 64, 3, padding=1, bias=False).eval()
+    grouped = nn.Conv2d(128, 128, 3, padding=1, groups=2).eval()
+    down = nn.Conv2d(64, 128, 3, stride=2, padding=1).eval()
+    check(
+        lambda x: (deep(F.relu(wide(block(x)))), grouped(torch.cat([x, x * 0.5], 1)), down(x)),
+        [rand(batch, 64, size, size)],
         backend,
         **TOL,
     )

@@ -102,6 +102,7 @@ fn prepack_permuted_weight(
 /// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
 /// f32 values known at compile time and the activations are not.
 fn pack_weight_operands(
+    graph: &Graph,
     node: &ember_core::ir::Node,
     bound: &[Option<Val>],
 ) -> crate::error::KResult<Vec<Packed>> {
@@ -128,31 +129,83 @@ fn pack_weight_operands(
             // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
             Ok(vec![unsafe { Packed::b(v.shape[0], v.shape[1], src) }])
         }
-        Op::Conv { groups, .. } if v.shape.len() >= 3 => {
+        Op::Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+            ..
+        } if v.shape.len() >= 3 => {
             let w = w.contiguous()?;
             let v = w.view::<f32>()?;
             let (o, per_out) = (v.shape[0], v.shape[1..].iter().product::<usize>());
-            let groups = usize::try_from(*groups).unwrap_or(0);
-            if groups == 0 || o % groups != 0 || !crate::kernels::conv::uses_gemm(&v.shape, groups)
+            let n_groups = usize::try_from(*groups).unwrap_or(0);
+            if n_groups == 0
+                || o % n_groups != 0
+                || !crate::kernels::conv::uses_gemm(&v.shape, n_groups)
             {
                 return Ok(Vec::new());
             }
-            let og = o / groups;
-            Ok((0..groups)
+            let og = o / n_groups;
+            // Static shapes pick the kernel now, and with it the weight's layout.
+            let params = crate::kernels::conv::Params {
+                stride,
+                padding,
+                dilation,
+                groups: *groups,
+            };
+            let right = match (
+                static_shape(&graph.nodes[x].ty.shape),
+                static_shape(&node.ty.shape),
+            ) {
+                (Some(xs), Some(out)) => {
+                    crate::kernels::conv::packs_right(&xs, &v.shape, &out, &params)
+                }
+                _ => false,
+            };
+            Ok((0..n_groups)
                 .map(|g| {
-                    let src = sgemm::Strided {
-                        ptr: v.ptr.wrapping_add(g * og * per_out),
-                        rs: per_out as isize,
-                        cs: 1,
-                    };
+                    let ptr = v.ptr.wrapping_add(g * og * per_out);
                     // SAFETY: group g's og rows of per_out elements lie inside the contiguous
-                    // weight, alive here.
-                    unsafe { Packed::a(og, per_out, src) }
+                    // weight, alive here (as a right operand: its transpose).
+                    unsafe {
+                        match right {
+                            true => Packed::b(
+                                per_out,
+                                og,
+                                sgemm::Strided {
+                                    ptr,
+                                    rs: 1,
+                                    cs: per_out as isize,
+                                },
+                            ),
+                            false => Packed::a(
+                                og,
+                                per_out,
+                                sgemm::Strided {
+                                    ptr,
+                                    rs: per_out as isize,
+                                    cs: 1,
+                                },
+                            ),
+                        }
+                    }
                 })
                 .collect())
         }
         _ => Ok(Vec::new()),
     }
+}
+
+/// A shape whose dims are all constants.
+fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
+    shape
+        .iter()
+        .map(|d| match d {
+            ember_core::dim::Dim::Const(v) => usize::try_from(*v).ok(),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A permuted weight copied contiguous at compile time (`prepack_permuted_weight`) that only
@@ -271,7 +324,7 @@ impl Program {
         let packed = graph
             .nodes
             .iter()
-            .map(|node| pack_weight_operands(node, &bound))
+            .map(|node| pack_weight_operands(&graph, node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
         drop_unread_weight_copies(&graph, &packed, &mut bound)

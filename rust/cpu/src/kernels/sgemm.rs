@@ -122,6 +122,13 @@ impl Packed {
         self.left
     }
 
+    /// Panel `q` of a right operand: `rows` steps of `NR` values (columns `q·NR..`, zero
+    /// past the last column).
+    pub fn right_panel(&self, q: usize) -> &[f32] {
+        assert!(!self.left, "a left operand has no column panels");
+        &self.data[q * NR * self.rows..(q + 1) * NR * self.rows]
+    }
+
     /// Panel `p` of a left operand: `cols` steps of `MR` values (rows `p·MR..`, zero past
     /// the last row).
     pub fn left_panel(&self, p: usize) -> &[f32] {

@@ -1,13 +1,20 @@
-//! Convolution. Dense f32 convs with a packed weight run `shifted` (a GEMM register tile
-//! reading a padded copy of the input, no im2col) where AVX2 is present and output rows
-//! fill whole vectors; other dense and grouped convs run im2col + GEMM (as `dot`);
+//! Convolution. Dense f32 convs with a packed weight read a padded copy of the input tap by
+//! tap (no im2col) where the CPU allows: on AVX-512, `channels` (output channels along the
+//! lanes; small planes with a multiple of 64 channels, chosen at compile time from static
+//! shapes, which also pick the weight's packing) or `flat` (output positions of the
+//! flattened plane along the lanes); on AVX2, `shifted` (positions of one output row) where
+//! rows fill whole vectors. Other dense and grouped convs run im2col + GEMM (as `dot`);
 //! a 1×1, stride-1, unpadded conv skips im2col (the input already is the column matrix);
 //! depthwise-style convs (one input channel per group) accumulate shifted input rows
 //! directly, since a GEMM with one row of K = taps would be mostly call overhead.
 //! Work is split over batch × groups (`par.rs`) when there are several; a single image with
 //! one group gives its threads to the GEMM instead.
 
+mod channels;
+mod flat;
 mod shifted;
+#[cfg(test)]
+mod testing;
 
 use std::cell::RefCell;
 
@@ -168,6 +175,12 @@ pub fn uses_gemm(ws: &[usize], groups: usize) -> bool {
     ws.len() >= 2 && groups > 0 && !(ws[1] == 1 && ws[0] / groups <= 4)
 }
 
+/// Whether a conv of these static shapes wants its weight packed as `sgemm`'s right
+/// operand (k × output channels, for the channel-lane kernel) rather than its left.
+pub fn packs_right(xs: &[usize], ws: &[usize], out: &[usize], p: &Params) -> bool {
+    Geom::new(xs, ws, out, p).is_ok_and(|g| !g.pointwise() && channels::suits(&g))
+}
+
 /// The conv written into `dest` (a reused arena buffer or the caller's output), so that no
 /// fresh buffer is zeroed per call, then `epilogue` (a fused elementwise pass over `dest`)
 /// run in place: on each image's outputs right after they are written, while they are
@@ -241,6 +254,16 @@ fn conv_t<T: GemmElem + Real>(
     if epilogue.is_some_and(|e| e.len() != y.len()) {
         return Err(CpuError::Internal("conv epilogue of another size".into()));
     }
+    // The f32 kernel that reads a padded copy of the input instead of im2col, if one suits
+    // this geometry on this CPU (AVX-512 first: it also keeps the lanes of narrow rows busy).
+    type NoIm2col = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize);
+    let no_im2col: Option<NoIm2col> = if flat::suits(g) {
+        Some(flat::conv_flat)
+    } else if shifted::suits(g) {
+        Some(shifted::conv_shifted)
+    } else {
+        None
+    };
     // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
     let run = |t: usize, y: &mut [T], threads: usize| {
         let (b, grp) = (t / g.groups, t % g.groups);
@@ -248,8 +271,13 @@ fn conv_t<T: GemmElem + Real>(
         let xg = &xs[x0..x0 + g.cg * ip];
         let wg = &ws[grp * g.og * g.cg * g.taps()..(grp + 1) * g.og * g.cg * g.taps()];
         let bg = bias.as_ref().map(|b| &b[grp * g.og..(grp + 1) * g.og]);
-        // The panel paths need the weight packed as this group's og×k left operand.
-        let fits = |pa: &Packed| pa.is_left() && pa.rows == g.og && pa.cols == g.cg * g.taps();
+        // The panel paths need the weight packed as this group's og×k left operand (or,
+        // for the channel-lane kernel, k×og right operand).
+        let k = g.cg * g.taps();
+        let fits = |pa: &Packed| match pa.is_left() {
+            true => pa.rows == g.og && pa.cols == k,
+            false => pa.rows == k && pa.cols == g.og && crate::simd::avx512_available(),
+        };
         let panels = match (packed.get(grp), T::as_f32(xg)) {
             (Some(pa), Some(x32)) if sgemm::available() && !g.pointwise() && fits(pa) => {
                 Some((pa, x32))
@@ -260,13 +288,17 @@ fn conv_t<T: GemmElem + Real>(
         if !uses_gemm(&[g.o, g.cg], g.groups) {
             direct(g, xg, wg, y);
         } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {
-            match bg.map(|b| T::as_f32(b)) {
-                // The shifted kernel starts its sums from the bias.
-                Some(Some(b32)) if shifted::suits(g) => {
-                    shifted::conv_shifted(g, pa, x32, Some(b32), y32, threads);
+            let no_im2col = match pa.is_left() {
+                true => no_im2col,
+                false => Some(channels::conv_channels as NoIm2col),
+            };
+            match (no_im2col, bg.map(|b| T::as_f32(b))) {
+                // These kernels start their sums from the bias.
+                (Some(kernel), Some(Some(b32))) => {
+                    kernel(g, pa, x32, Some(b32), y32, threads);
                     add_bias = None;
                 }
-                None if shifted::suits(g) => shifted::conv_shifted(g, pa, x32, None, y32, threads),
+                (Some(kernel), None) => kernel(g, pa, x32, None, y32, threads),
                 _ => gemm_from_panels(g, pa, x32, y32, threads),
             }
         } else {

@@ -439,149 +439,27 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::conv::Params;
-    use crate::kernels::sgemm::{self, Strided};
-
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// The conv of one image, one group, by its definition.
-    fn reference(g: &Geom, x: &[f32], w: &[f32]) -> Vec<f64> {
-        let [d, h, wa] = &g.ax;
-        let mut y = vec![0.0f64; g.og * g.out_plane()];
-        for oc in 0..g.og {
-            for od in 0..d.out {
-                for oh in 0..h.out {
-                    for ow in 0..wa.out {
-                        let mut s = 0.0f64;
-                        for c in 0..g.cg {
-                            let mut t = 0;
-                            for i in 0..d.kernel {
-                                for j in 0..h.kernel {
-                                    for l in 0..wa.kernel {
-                                        let id = (od * d.stride) as isize + d.tap_offset(i);
-                                        let ih = (oh * h.stride) as isize + h.tap_offset(j);
-                                        let iw = (ow * wa.stride) as isize + wa.tap_offset(l);
-                                        let inside =
-                                            |v: isize, a: &crate::kernels::window::Axis| {
-                                                v >= 0 && (v as usize) < a.len
-                                            };
-                                        if inside(id, d) && inside(ih, h) && inside(iw, wa) {
-                                            let xi = ((c * d.len + id as usize) * h.len
-                                                + ih as usize)
-                                                * wa.len
-                                                + iw as usize;
-                                            s += x[xi] as f64
-                                                * w[(oc * g.cg + c) * g.taps() + t] as f64;
-                                        }
-                                        t += 1;
-                                    }
-                                }
-                            }
-                        }
-                        y[((oc * d.out + od) * h.out + oh) * wa.out + ow] = s;
-                    }
-                }
-            }
-        }
-        y
-    }
-
-    fn out_len(len: usize, k: usize, s: usize, d: usize, p: (usize, usize)) -> usize {
-        (len + p.0 + p.1 - d * (k - 1) - 1) / s + 1
-    }
+    use crate::kernels::conv::testing;
 
     #[test]
     fn matches_the_definition_on_odd_geometries() {
-        if !sgemm::available() {
+        if !crate::kernels::sgemm::available() {
             return;
         }
-        // (channels in, out, spatial dims, kernel, stride, dilation, padding)
-        type Case = (usize, usize, Vec<usize>, Vec<usize>, usize, usize, usize);
-        let cases: Vec<Case> = vec![
-            (3, 32, vec![17, 19], vec![3, 3], 1, 1, 1),
-            (5, 7, vec![9, 21], vec![3, 3], 2, 1, 1),
-            (4, 13, vec![11, 12], vec![5, 3], 3, 1, 2),
-            (6, 8, vec![10, 16], vec![3, 3], 1, 2, 2),
-            (2, 3, vec![30], vec![4], 1, 1, 0),
-            (3, 6, vec![4, 5, 9], vec![2, 3, 3], 1, 1, 1),
-            (8, 12, vec![8, 8], vec![1, 1], 2, 1, 0),
-            (3, 1, vec![7, 33], vec![3, 3], 1, 1, 1),
-            // Padding wider than the stride: each phase starts with its own zeros.
-            (2, 4, vec![7, 23], vec![5, 5], 2, 1, 3),
-            (3, 9, vec![6, 29], vec![3, 4], 3, 2, 4),
-        ];
-        for (i, (cg, og, dims, kernel, s, dil, pad)) in cases.into_iter().enumerate() {
-            let k = dims.len();
-            let out: Vec<usize> = (0..k)
-                .map(|a| out_len(dims[a], kernel[a], s, dil, (pad, pad)))
-                .collect();
-            let xs: Vec<usize> = [1, cg].into_iter().chain(dims.iter().copied()).collect();
-            let ws: Vec<usize> = [og, cg].into_iter().chain(kernel.iter().copied()).collect();
-            let ys: Vec<usize> = [1, og].into_iter().chain(out.iter().copied()).collect();
-            let (stride, dilation, padding) = (
-                vec![s as i64; k],
-                vec![dil as i64; k],
-                vec![(pad as i64, pad as i64); k],
-            );
-            let p = Params {
-                stride: &stride,
-                padding: &padding,
-                dilation: &dilation,
-                groups: 1,
-            };
-            let g = Geom::new(&xs, &ws, &ys, &p).unwrap();
-            let x = data(xs.iter().product(), i as u32 * 2 + 1);
-            let w = data(ws.iter().product(), i as u32 * 2 + 2);
-            let kk = cg * g.taps();
-            // SAFETY: w is og×kk, contiguous.
-            let pa = unsafe {
-                Packed::a(
-                    og,
-                    kk,
-                    Strided {
-                        ptr: w.as_ptr(),
-                        rs: kk as isize,
-                        cs: 1,
-                    },
-                )
-            };
-            let bias = data(og, i as u32 + 100);
-            let with_bias = i % 2 == 1;
-            let mut want = reference(&g, &x, &w);
-            if with_bias {
-                for (j, v) in want.iter_mut().enumerate() {
-                    *v += bias[j / g.out_plane()] as f64;
-                }
-            }
-            for threads in [1, 2] {
-                let mut y = vec![f32::NAN; og * g.out_plane()];
-                let b = with_bias.then_some(&bias[..]);
+        testing::check_cases(
+            &testing::odd_geometries(),
+            conv_shifted,
+            testing::Weights::Left,
+            |fill| {
                 // Stale NaNs in the padded copy: a tap reading a row or phase the fill
                 // skipped shows up in the result.
                 PADDED.with(|p| {
                     let mut p = p.borrow_mut();
                     p.clear();
-                    p.resize(1 << 16, f32::NAN);
-                });
-                conv_shifted(&g, &pa, &x, b, &mut y, threads);
-                for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "case {i} output {j}: {a} vs {b}"
-                    );
-                }
-            }
-        }
+                    p.resize(1 << 16, fill);
+                })
+            },
+        );
     }
 
     /// Single-thread speed on the benchmark CNN's shapes:
@@ -589,57 +467,8 @@ mod tests {
     #[test]
     #[ignore]
     fn shifted_speed() {
-        if !sgemm::available() {
-            return;
-        }
-        for (cg, og, hw, s) in [
-            (3, 32, 64, 1),
-            (32, 32, 32, 1),
-            (64, 64, 16, 1),
-            (128, 128, 8, 1),
-            (64, 64, 56, 1),
-            (32, 64, 32, 2),
-        ] {
-            let out = out_len(hw, 3, s, 1, (1, 1));
-            let (xs, ws, ys) = ([1, cg, hw, hw], [og, cg, 3, 3], [1, og, out, out]);
-            let p = Params {
-                stride: &[s as i64, s as i64],
-                padding: &[(1, 1), (1, 1)],
-                dilation: &[1, 1],
-                groups: 1,
-            };
-            let g = Geom::new(&xs, &ws, &ys, &p).unwrap();
-            let x = data(xs.iter().product(), 1);
-            let w = data(ws.iter().product(), 2);
-            let kk = cg * 9;
-            // SAFETY: w is og×kk, contiguous.
-            let pa = unsafe {
-                Packed::a(
-                    og,
-                    kk,
-                    Strided {
-                        ptr: w.as_ptr(),
-                        rs: kk as isize,
-                        cs: 1,
-                    },
-                )
-            };
-            let mut y = vec![0.0f32; og * out * out];
-            let flop = 2.0 * (og * out * out * kk) as f64;
-            let mut best = f64::MAX;
-            for _ in 0..7 {
-                let t = std::time::Instant::now();
-                let n = (2e8 / flop).ceil() as usize;
-                for _ in 0..n {
-                    conv_shifted(&g, &pa, &x, None, &mut y, 1);
-                }
-                best = best.min(t.elapsed().as_secs_f64() / n as f64);
-            }
-            println!(
-                "{cg}->{og} {hw}x{hw} s{s}: {:.1} us {:.1} GFLOP/s",
-                best * 1e6,
-                flop / best / 1e9
-            );
+        if crate::kernels::sgemm::available() {
+            testing::speed(conv_shifted, testing::Weights::Left);
         }
     }
 }
