@@ -1,6 +1,9 @@
 //! AVX2+FMA slice kernels for the f32 transcendental ops: exp, tanh, sigmoid, SiLU and both
-//! GELUs. They evaluate `fastmath`'s approximations (same range reductions, same
-//! polynomials) with fused multiply-adds and four vectors in flight. The auto-vectorized
+//! GELUs, sixteen lanes at a time where the CPU has AVX-512F (twice the work per
+//! instruction: GELU was a tenth of the MLP benchmark at eight lanes). They evaluate
+//! `fastmath`'s approximations (same range reductions, same polynomials) with fused
+//! multiply-adds and four vectors in flight; both widths run the same operations in the
+//! same order, so they agree bit for bit. The auto-vectorized
 //! scalar code is one latency-bound chain of ~100 dependent operations per vector (GELU:
 //! a division, a degree-9 polynomial and an exp), which ran at ~3 ns per element.
 //!
@@ -65,10 +68,14 @@ impl Fma {
     pub fn run_shifted(self, kernel: Kernel, x: &[f32], out: &mut [f32], shift: f32) {
         debug_assert_eq!(x.len(), out.len());
         let n = x.len().min(out.len());
-        // SAFETY: `self` proves AVX2+FMA; both slices hold n elements and do not overlap.
+        // SAFETY: `self` proves AVX2+FMA (and `avx512_available` AVX-512F); both slices hold
+        // n elements and do not overlap.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            x86::run(kernel, x.as_ptr(), out.as_mut_ptr(), n, shift)
+            match crate::simd::avx512_available() {
+                true => x86_512::run(kernel, x.as_ptr(), out.as_mut_ptr(), n, shift),
+                false => x86::run(kernel, x.as_ptr(), out.as_mut_ptr(), n, shift),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -82,10 +89,14 @@ impl Fma {
     pub fn exp_shifted_sum(self, x: &[f32], out: &mut [f32], shift: f32) -> f64 {
         debug_assert_eq!(x.len(), out.len());
         let n = x.len().min(out.len());
-        // SAFETY: `self` proves AVX2+FMA; both slices hold n elements.
+        // SAFETY: `self` proves AVX2+FMA (and `avx512_available` AVX-512F); both slices hold
+        // n elements.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            x86::exp_sum(x.as_ptr(), out.as_mut_ptr(), n, shift)
+            match crate::simd::avx512_available() {
+                true => x86_512::exp_sum(x.as_ptr(), out.as_mut_ptr(), n, shift),
+                false => x86::exp_sum(x.as_ptr(), out.as_mut_ptr(), n, shift),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -96,10 +107,14 @@ impl Fma {
 
     /// `x[i] = e^(x[i] - shift)`, returning their sum in f64: softmax's numerators in place.
     pub fn exp_shifted_sum_in_place(self, x: &mut [f32], shift: f32) -> f64 {
-        // SAFETY: `self` proves AVX2+FMA; each vector is loaded before it is stored.
+        // SAFETY: `self` proves AVX2+FMA (and `avx512_available` AVX-512F); each vector is
+        // loaded before it is stored.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            x86::exp_sum(x.as_mut_ptr(), x.as_mut_ptr(), x.len(), shift)
+            match crate::simd::avx512_available() {
+                true => x86_512::exp_sum(x.as_mut_ptr(), x.as_mut_ptr(), x.len(), shift),
+                false => x86::exp_sum(x.as_mut_ptr(), x.as_mut_ptr(), x.len(), shift),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -109,36 +124,194 @@ impl Fma {
     }
 }
 
+/// The kernels' math, written once over the lane operations each vector width defines
+/// (`V`: a vector of f32, `M`: a lane mask, `I`: a vector of i32, and the small functions
+/// below), so the AVX2 and AVX-512 copies compute the same operations in the same order:
+/// an element's bits do not depend on the width that ran it.
+#[cfg(target_arch = "x86_64")]
+macro_rules! vector_math {
+    ($feature:literal) => {
+        /// Runs `kernel` on `x[i] - shift` for `n` elements from `x` to `out` (which may be
+        /// `x` itself).
+        ///
+        /// # Safety
+        /// The module's CPU features; `x` readable and `out` writable for n elements.
+        #[target_feature(enable = $feature)]
+        pub unsafe fn run(kernel: Kernel, x: *const f32, out: *mut f32, n: usize, shift: f32) {
+            let s = splat(shift);
+            // One monomorphic loop per kernel, so the vector code is inlined into it.
+            macro_rules! each {
+                ($f:ident) => {
+                    // SAFETY: the caller's contract.
+                    unsafe { apply(x, out, n, s, |v| $f(v), |_| {}) }
+                };
+            }
+            match kernel {
+                Kernel::Exp => each!(exp),
+                Kernel::Tanh => each!(tanh),
+                Kernel::Sigmoid => each!(sigmoid),
+                Kernel::Silu => each!(silu),
+                Kernel::Gelu => each!(gelu),
+                Kernel::GeluTanh => each!(gelu_tanh),
+            }
+        }
+
+        /// p(t) by Horner's rule, highest coefficient first.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        fn horner<const N: usize>(t: V, coeffs: [f32; N]) -> V {
+            let mut p = splat(coeffs[0]);
+            for &k in &coeffs[1..] {
+                p = fmadd(p, t, splat(k));
+            }
+            p
+        }
+
+        /// 2^k for integer lanes k in [-126, 127], from the exponent bits.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        fn pow2(k: I) -> V {
+            from_bits(shl23(iadd(k, isplat(127))))
+        }
+
+        /// `fastmath::exp`.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn exp(x: V) -> V {
+            // max/min return their second operand for NaN lanes; those are fixed at the end.
+            let xc = min(max(x, splat(c::EXP_MIN)), splat(c::EXP_MAX));
+            let k = fmadd(xc, splat(c::LOG2E), splat(c::ROUND_MAGIC));
+            let n = sub(k, splat(c::ROUND_MAGIC));
+            let r = fnmadd(n, splat(c::LN2_HI), xc);
+            let r = fnmadd(n, splat(c::LN2_LO), r);
+            let p = horner(r, c::EXP_POLY);
+            let er = add(fmadd(p, mul(r, r), r), splat(1.0));
+            let ni = isub(to_bits(k), isplat(c::ROUND_MAGIC.to_bits() as i32));
+            let half = sra1(ni);
+            let y = mul(mul(er, pow2(half)), pow2(isub(ni, half)));
+            let y = select(gt(x, splat(c::EXP_MAX)), splat(f32::INFINITY), y);
+            let y = zero_where(lt(x, splat(c::EXP_MIN)), y);
+            select(unordered(x), x, y)
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        fn abs(x: V) -> V {
+            andnot(splat(-0.0), x)
+        }
+
+        /// `fastmath::tanh`: the odd polynomial below 0.625, 1 - 2/(e^{2|x|} + 1) with x's
+        /// sign above (NaN stays NaN through the exp).
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn tanh(x: V) -> V {
+            let a = abs(x);
+            let z = mul(x, x);
+            let p = horner(z, c::TANH_POLY);
+            let small = fmadd(mul(x, z), p, x);
+            let e = exp(add(a, a));
+            let large = sub(splat(1.0), div(splat(2.0), add(e, splat(1.0))));
+            let large = or(large, and(x, splat(-0.0)));
+            select(lt(a, splat(c::TANH_SMALL)), small, large)
+        }
+
+        /// 1 / (1 + e^-x).
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn sigmoid(x: V) -> V {
+            let e = exp(xor(x, splat(-0.0)));
+            div(splat(1.0), add(splat(1.0), e))
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn silu(x: V) -> V {
+            mul(x, sigmoid(x))
+        }
+
+        /// `fastmath::one_plus_erf`: erfc(|x|) from the Chebyshev fit, then 2 - erfc for
+        /// x ≥ 0.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        fn one_plus_erf(x: V) -> V {
+            let z = abs(x);
+            let t = div(splat(1.0), fmadd(splat(0.5), z, splat(1.0)));
+            let p = horner(t, c::ERFC_POLY);
+            let erfc = mul(t, exp(fnmadd(z, z, p)));
+            select(ge(x, splat(0.0)), sub(splat(2.0), erfc), erfc)
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn gelu(x: V) -> V {
+            let e = one_plus_erf(mul(x, splat(std::f32::consts::FRAC_1_SQRT_2)));
+            mul(mul(x, splat(0.5)), e)
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(super) fn gelu_tanh(x: V) -> V {
+            let cube = mul(mul(splat(GELU_TANH_A), x), x);
+            let inner = mul(splat(GELU_TANH_K), fmadd(cube, x, x));
+            let t = add(splat(1.0), tanh(inner));
+            mul(mul(splat(0.5), x), t)
+        }
+    };
+}
+
+/// Defines the lane operations `vector_math!` uses, each a one-intrinsic function.
+#[cfg(target_arch = "x86_64")]
+macro_rules! lane_ops {
+    ($feature:literal, $($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block)*) => {
+        $(
+            #[target_feature(enable = $feature)]
+            #[inline]
+            fn $name($($arg: $ty),*) -> $ret $body
+        )*
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Kernel, GELU_TANH_A, GELU_TANH_K};
     use crate::elem::fastmath::consts as c;
     use std::arch::x86_64::*;
 
-    /// Runs `kernel` on `x[i] - shift` for `n` elements from `x` to `out` (which may be
-    /// `x` itself).
-    ///
-    /// # Safety
-    /// AVX2+FMA; `x` readable and `out` writable for n elements.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn run(kernel: Kernel, x: *const f32, out: *mut f32, n: usize, shift: f32) {
-        let s = _mm256_set1_ps(shift);
-        // One monomorphic loop per kernel, so the vector code is inlined into it.
-        macro_rules! each {
-            ($f:ident) => {
-                // SAFETY: the caller's contract.
-                unsafe { apply(x, out, n, s, |v| $f(v), |_| {}) }
-            };
-        }
-        match kernel {
-            Kernel::Exp => each!(exp),
-            Kernel::Tanh => each!(tanh),
-            Kernel::Sigmoid => each!(sigmoid),
-            Kernel::Silu => each!(silu),
-            Kernel::Gelu => each!(gelu),
-            Kernel::GeluTanh => each!(gelu_tanh),
-        }
+    type V = __m256;
+    /// A lane mask: all bits set in the lanes it selects.
+    type M = __m256;
+    type I = __m256i;
+
+    lane_ops! { "avx2,fma",
+        splat(v: f32) -> V { _mm256_set1_ps(v) }
+        add(a: V, b: V) -> V { _mm256_add_ps(a, b) }
+        sub(a: V, b: V) -> V { _mm256_sub_ps(a, b) }
+        mul(a: V, b: V) -> V { _mm256_mul_ps(a, b) }
+        div(a: V, b: V) -> V { _mm256_div_ps(a, b) }
+        fmadd(a: V, b: V, c: V) -> V { _mm256_fmadd_ps(a, b, c) }
+        fnmadd(a: V, b: V, c: V) -> V { _mm256_fnmadd_ps(a, b, c) }
+        min(a: V, b: V) -> V { _mm256_min_ps(a, b) }
+        max(a: V, b: V) -> V { _mm256_max_ps(a, b) }
+        and(a: V, b: V) -> V { _mm256_and_ps(a, b) }
+        or(a: V, b: V) -> V { _mm256_or_ps(a, b) }
+        xor(a: V, b: V) -> V { _mm256_xor_ps(a, b) }
+        andnot(a: V, b: V) -> V { _mm256_andnot_ps(a, b) }
+        gt(a: V, b: V) -> M { _mm256_cmp_ps(a, b, _CMP_GT_OQ) }
+        lt(a: V, b: V) -> M { _mm256_cmp_ps(a, b, _CMP_LT_OQ) }
+        ge(a: V, b: V) -> M { _mm256_cmp_ps(a, b, _CMP_GE_OQ) }
+        unordered(a: V) -> M { _mm256_cmp_ps(a, a, _CMP_UNORD_Q) }
+        select(m: M, a: V, b: V) -> V { _mm256_blendv_ps(b, a, m) }
+        zero_where(m: M, a: V) -> V { _mm256_andnot_ps(m, a) }
+        to_bits(a: V) -> I { _mm256_castps_si256(a) }
+        from_bits(a: I) -> V { _mm256_castsi256_ps(a) }
+        isplat(v: i32) -> I { _mm256_set1_epi32(v) }
+        iadd(a: I, b: I) -> I { _mm256_add_epi32(a, b) }
+        isub(a: I, b: I) -> I { _mm256_sub_epi32(a, b) }
+        sra1(a: I) -> I { _mm256_srai_epi32(a, 1) }
+        shl23(a: I) -> I { _mm256_slli_epi32(a, 23) }
     }
+
+    vector_math!("avx2,fma");
 
     /// As `run` with `exp`, also returning the sum of the results in f64.
     ///
@@ -208,128 +381,111 @@ mod x86 {
             }
         }
     }
+}
 
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn splat(v: f32) -> __m256 {
-        _mm256_set1_ps(v)
+/// The same kernels sixteen lanes at a time, where the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+mod x86_512 {
+    use super::{Kernel, GELU_TANH_A, GELU_TANH_K};
+    use crate::elem::fastmath::consts as c;
+    use std::arch::x86_64::*;
+
+    type V = __m512;
+    type M = __mmask16;
+    type I = __m512i;
+
+    // AVX-512F has no float bitwise ops (those are AVX512DQ): they go through the integer
+    // ones, which are the same bits.
+    lane_ops! { "avx512f",
+        splat(v: f32) -> V { _mm512_set1_ps(v) }
+        add(a: V, b: V) -> V { _mm512_add_ps(a, b) }
+        sub(a: V, b: V) -> V { _mm512_sub_ps(a, b) }
+        mul(a: V, b: V) -> V { _mm512_mul_ps(a, b) }
+        div(a: V, b: V) -> V { _mm512_div_ps(a, b) }
+        fmadd(a: V, b: V, c: V) -> V { _mm512_fmadd_ps(a, b, c) }
+        fnmadd(a: V, b: V, c: V) -> V { _mm512_fnmadd_ps(a, b, c) }
+        min(a: V, b: V) -> V { _mm512_min_ps(a, b) }
+        max(a: V, b: V) -> V { _mm512_max_ps(a, b) }
+        and(a: V, b: V) -> V { from_bits(_mm512_and_si512(to_bits(a), to_bits(b))) }
+        or(a: V, b: V) -> V { from_bits(_mm512_or_si512(to_bits(a), to_bits(b))) }
+        xor(a: V, b: V) -> V { from_bits(_mm512_xor_si512(to_bits(a), to_bits(b))) }
+        andnot(a: V, b: V) -> V { from_bits(_mm512_andnot_si512(to_bits(a), to_bits(b))) }
+        gt(a: V, b: V) -> M { _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) }
+        lt(a: V, b: V) -> M { _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ) }
+        ge(a: V, b: V) -> M { _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ) }
+        unordered(a: V) -> M { _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) }
+        select(m: M, a: V, b: V) -> V { _mm512_mask_blend_ps(m, b, a) }
+        zero_where(m: M, a: V) -> V { _mm512_maskz_mov_ps(!m, a) }
+        to_bits(a: V) -> I { _mm512_castps_si512(a) }
+        from_bits(a: I) -> V { _mm512_castsi512_ps(a) }
+        isplat(v: i32) -> I { _mm512_set1_epi32(v) }
+        iadd(a: I, b: I) -> I { _mm512_add_epi32(a, b) }
+        isub(a: I, b: I) -> I { _mm512_sub_epi32(a, b) }
+        sra1(a: I) -> I { _mm512_srai_epi32(a, 1) }
+        shl23(a: I) -> I { _mm512_slli_epi32(a, 23) }
     }
 
-    /// p(t) by Horner's rule, highest coefficient first.
-    #[target_feature(enable = "avx2,fma")]
+    vector_math!("avx512f");
+
+    /// As `run` with `exp`, also returning the sum of the results in f64.
+    ///
+    /// # Safety
+    /// AVX-512F; `x` readable and `out` writable for n elements.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn exp_sum(x: *const f32, out: *mut f32, n: usize, shift: f32) -> f64 {
+        let mut acc = [_mm512_setzero_pd(); 2];
+        let add = |v: __m512| {
+            let lo = _mm512_castps512_ps256(v);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+            acc[0] = _mm512_add_pd(acc[0], _mm512_cvtps_pd(lo));
+            acc[1] = _mm512_add_pd(acc[1], _mm512_cvtps_pd(hi));
+        };
+        // SAFETY: the caller's contract.
+        unsafe { apply(x, out, n, _mm512_set1_ps(shift), |v| exp(v), add) };
+        _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]))
+    }
+
+    /// Vectors per step: independent chains for the out-of-order core to overlap.
+    const UNROLL: usize = 4;
+
+    /// `out[i] = f(x[i] - shift)`, each stored vector also handed to `seen` (with the
+    /// lanes past n zeroed); the last partial vector through masked loads and stores.
+    #[target_feature(enable = "avx512f")]
     #[inline]
-    fn horner<const N: usize>(t: __m256, coeffs: [f32; N]) -> __m256 {
-        let mut p = splat(coeffs[0]);
-        for &k in &coeffs[1..] {
-            p = _mm256_fmadd_ps(p, t, splat(k));
+    unsafe fn apply(
+        x: *const f32,
+        out: *mut f32,
+        n: usize,
+        shift: __m512,
+        f: impl Fn(__m512) -> __m512,
+        mut seen: impl FnMut(__m512),
+    ) {
+        // SAFETY (whole body): every access is below n (the tail's lanes past n are masked).
+        unsafe {
+            let mut i = 0;
+            while i + 16 * UNROLL <= n {
+                let mut v = [_mm512_setzero_ps(); UNROLL];
+                for (k, v) in v.iter_mut().enumerate() {
+                    *v = _mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16 * k)), shift);
+                }
+                for v in v.iter_mut() {
+                    *v = f(*v);
+                }
+                for (k, v) in v.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(i + 16 * k), *v);
+                    seen(*v);
+                }
+                i += 16 * UNROLL;
+            }
+            while i < n {
+                let mask = ((1u32 << (n - i).min(16)) - 1) as u16;
+                let a = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x.add(i)), shift);
+                let v = f(a);
+                _mm512_mask_storeu_ps(out.add(i), mask, v);
+                seen(_mm512_maskz_mov_ps(mask, v));
+                i += 16;
+            }
         }
-        p
-    }
-
-    /// 2^k for integer lanes k in [-126, 127], from the exponent bits.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn pow2(k: __m256i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(k, _mm256_set1_epi32(127)),
-            23,
-        ))
-    }
-
-    /// `fastmath::exp`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn exp(x: __m256) -> __m256 {
-        // max/min return their second operand for NaN lanes; those are fixed at the end.
-        let xc = _mm256_min_ps(_mm256_max_ps(x, splat(c::EXP_MIN)), splat(c::EXP_MAX));
-        let k = _mm256_fmadd_ps(xc, splat(c::LOG2E), splat(c::ROUND_MAGIC));
-        let n = _mm256_sub_ps(k, splat(c::ROUND_MAGIC));
-        let r = _mm256_fnmadd_ps(n, splat(c::LN2_HI), xc);
-        let r = _mm256_fnmadd_ps(n, splat(c::LN2_LO), r);
-        let p = horner(r, c::EXP_POLY);
-        let er = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), splat(1.0));
-        let ni = _mm256_sub_epi32(
-            _mm256_castps_si256(k),
-            _mm256_set1_epi32(c::ROUND_MAGIC.to_bits() as i32),
-        );
-        let half = _mm256_srai_epi32(ni, 1);
-        let y = _mm256_mul_ps(
-            _mm256_mul_ps(er, pow2(half)),
-            pow2(_mm256_sub_epi32(ni, half)),
-        );
-        let over = _mm256_cmp_ps(x, splat(c::EXP_MAX), _CMP_GT_OQ);
-        let y = _mm256_blendv_ps(y, splat(f32::INFINITY), over);
-        let under = _mm256_cmp_ps(x, splat(c::EXP_MIN), _CMP_LT_OQ);
-        let y = _mm256_andnot_ps(under, y);
-        let nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-        _mm256_blendv_ps(y, x, nan)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn abs(x: __m256) -> __m256 {
-        _mm256_andnot_ps(splat(-0.0), x)
-    }
-
-    /// `fastmath::tanh`: the odd polynomial below 0.625, 1 - 2/(e^{2|x|} + 1) with x's sign
-    /// above (NaN stays NaN through the exp).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn tanh(x: __m256) -> __m256 {
-        let a = abs(x);
-        let z = _mm256_mul_ps(x, x);
-        let p = horner(z, c::TANH_POLY);
-        let small = _mm256_fmadd_ps(_mm256_mul_ps(x, z), p, x);
-        let e = exp(_mm256_add_ps(a, a));
-        let large = _mm256_sub_ps(
-            splat(1.0),
-            _mm256_div_ps(splat(2.0), _mm256_add_ps(e, splat(1.0))),
-        );
-        let large = _mm256_or_ps(large, _mm256_and_ps(x, splat(-0.0)));
-        let is_small = _mm256_cmp_ps(a, splat(c::TANH_SMALL), _CMP_LT_OQ);
-        _mm256_blendv_ps(large, small, is_small)
-    }
-
-    /// 1 / (1 + e^-x).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn sigmoid(x: __m256) -> __m256 {
-        let e = exp(_mm256_xor_ps(x, splat(-0.0)));
-        _mm256_div_ps(splat(1.0), _mm256_add_ps(splat(1.0), e))
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn silu(x: __m256) -> __m256 {
-        _mm256_mul_ps(x, sigmoid(x))
-    }
-
-    /// `fastmath::one_plus_erf`: erfc(|x|) from the Chebyshev fit, then 2 - erfc for x ≥ 0.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn one_plus_erf(x: __m256) -> __m256 {
-        let z = abs(x);
-        let t = _mm256_div_ps(splat(1.0), _mm256_fmadd_ps(splat(0.5), z, splat(1.0)));
-        let p = horner(t, c::ERFC_POLY);
-        let erfc = _mm256_mul_ps(t, exp(_mm256_fnmadd_ps(z, z, p)));
-        let nonneg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
-        _mm256_blendv_ps(erfc, _mm256_sub_ps(splat(2.0), erfc), nonneg)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn gelu(x: __m256) -> __m256 {
-        let e = one_plus_erf(_mm256_mul_ps(x, splat(std::f32::consts::FRAC_1_SQRT_2)));
-        _mm256_mul_ps(_mm256_mul_ps(x, splat(0.5)), e)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub(super) fn gelu_tanh(x: __m256) -> __m256 {
-        let cube = _mm256_mul_ps(_mm256_mul_ps(splat(GELU_TANH_A), x), x);
-        let inner = _mm256_mul_ps(splat(GELU_TANH_K), _mm256_fmadd_ps(cube, x, x));
-        let t = _mm256_add_ps(splat(1.0), tanh(inner));
-        _mm256_mul_ps(_mm256_mul_ps(splat(0.5), x), t)
     }
 }
 
@@ -432,6 +588,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Where both widths run, they give the same bits (and sums within rounding).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn both_widths_agree_bit_for_bit() {
+        if !crate::simd::avx512_available() {
+            return;
+        }
+        let x = inputs();
+        for k in ALL {
+            let (mut narrow, mut wide) = (vec![0f32; x.len()], vec![1f32; x.len()]);
+            // SAFETY: AVX-512F (hence AVX2+FMA) is present; both buffers hold x.len().
+            unsafe {
+                x86::run(k, x.as_ptr(), narrow.as_mut_ptr(), x.len(), 0.5);
+                x86_512::run(k, x.as_ptr(), wide.as_mut_ptr(), x.len(), 0.5);
+            }
+            for (i, (a, b)) in narrow.iter().zip(&wide).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{k:?}({} - 0.5)", x[i]);
+            }
+        }
+        let y: Vec<f32> = (0..1000).map(|i| (i % 97) as f32 * 0.1 - 4.0).collect();
+        let mut out = vec![0f32; y.len()];
+        // SAFETY: as above.
+        let (a, b) = unsafe {
+            (
+                x86::exp_sum(y.as_ptr(), out.as_mut_ptr(), y.len(), 1.0),
+                x86_512::exp_sum(y.as_ptr(), out.as_mut_ptr(), y.len(), 1.0),
+            )
+        };
+        assert!((a - b).abs() <= 1e-12 * a, "{a} vs {b}");
     }
 
     /// The fused exp-and-sum pass writes the exp kernel's bits and their f64 sum.
