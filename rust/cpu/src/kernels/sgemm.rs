@@ -388,14 +388,43 @@ enum Left<'a> {
 }
 
 impl Left<'_> {
-    /// Where the tile of row panel `p` starts at step `kb` of k, and the row stride the tile
-    /// reads it with (`None`: packed, `MR` values per step).
-    fn tile_start(&self, p: usize, kb: usize, k: usize) -> (*const f32, Option<isize>) {
+    /// Where the tile of rows from `row0` (a multiple of `MR` when packed) starts at step
+    /// `kb` of k, and the row stride the tile reads it with (`None`: packed, `MR` values
+    /// per step).
+    fn tile_start(&self, row0: usize, kb: usize, k: usize) -> (*const f32, Option<isize>) {
         match self {
-            Left::Packed(pa) => (pa[p * MR * k + kb * MR..].as_ptr(), None),
-            Left::Rows(s) => (s.at(p * MR, kb), Some(s.rs)),
+            Left::Packed(pa) => (pa[row0 * k + kb * MR..].as_ptr(), None),
+            Left::Rows(s) => (s.at(row0, kb), Some(s.rs)),
         }
     }
+}
+
+/// The register tiles (first row, rows) of rows `lo..hi`: `MR` rows each, except that
+/// where the left operand is read in place and the AVX-512 tile runs, a last tile of one
+/// or two rows (which would run the narrow tile) shares rows with the one before: 32 rows
+/// as 6·4 + 4 + 4, not 6·5 + 2.
+fn row_tiles(
+    pa: &Left,
+    (lo, hi): (usize, usize),
+    wide: bool,
+) -> impl Iterator<Item = (usize, usize)> {
+    let n = hi - lo;
+    let rest = n % MR;
+    let merge = wide && matches!(pa, Left::Rows(_)) && n > MR && rest > 0 && rest < WIDE_MIN_ROWS;
+    let full = if merge { n / MR - 1 } else { n.div_ceil(MR) };
+    let tail = if merge {
+        // The last MR + rest rows as two tiles of at least WIDE_MIN_ROWS.
+        let first = (MR + rest).div_ceil(2);
+        vec![
+            (lo + full * MR, first),
+            (lo + full * MR + first, MR + rest - first),
+        ]
+    } else {
+        Vec::new()
+    };
+    (0..full)
+        .map(move |t| (lo + t * MR, MR.min(hi - lo - t * MR)))
+        .chain(tail)
 }
 
 /// The blocked product into `c`.
@@ -463,14 +492,13 @@ unsafe fn multiply(
                         }
                     };
                 }
-                for p in p0..p1 {
-                    let rows = MR.min(m - p * MR);
-                    let a = pa.tile_start(p, kb, k);
-                    // SAFETY: the tile (p, q..) lies inside c; tasks own disjoint tiles; the
-                    // panel slices (or rows) hold kc steps; `wide` only where AVX-512F is
-                    // present.
+                for (row0, rows) in row_tiles(&pa, (p0 * MR, (p1 * MR).min(m)), wide) {
+                    let a = pa.tile_start(row0, kb, k);
+                    // SAFETY: the tile (rows row0.., q..) lies inside c; tasks own disjoint
+                    // tiles; the panel slices (or rows) hold kc steps; `wide` only where
+                    // AVX-512F is present.
                     unsafe {
-                        let ct = c.0.add(p * MR * ldc + q * NR);
+                        let ct = c.0.add(row0 * ldc + q * NR);
                         if wide && rows >= WIDE_MIN_ROWS {
                             wide_tile(rows, cols, kc, a, bp, ct, ldc, kb > 0);
                         } else {
@@ -825,6 +853,11 @@ mod tests {
             // pairs then a partial single panel (70 columns) on 5-row tiles.
             (9, 20, 40),
             (5, 70, 33),
+            // Rows read in place whose last tile would hold 1 or 2 rows: the last 8 (7)
+            // rows run as 4 + 4 (4 + 3).
+            (32, 48, 100),
+            (8, 40, 50),
+            (103, 36, 20),
         ] {
             let (a, b) = (data(m * k, 1), data(k * n, 2));
             let want = reference(m, n, k, &a, &b);
