@@ -1,5 +1,5 @@
-//! Composite ops recovered from the decompositions exporters write: attention and RMS
-//! norm.
+//! Composite ops recovered from the decompositions exporters write: attention, layer norm
+//! and RMS norm.
 //!
 //! ONNX exports before opset 23 spell scaled dot-product attention as
 //! `MatMul → Mul/Div by a scalar → Add mask → Softmax → MatMul` (torch's exporter scales q
@@ -22,6 +22,11 @@
 //! `x · rsqrt(mean(x²) + eps) · w` in some spelling (`Pow` or `Mul` for the square,
 //! `ReduceMean` or a sum over a count, `1/Sqrt`, a `Div` by the root); f32/f64 chains become
 //! one `Op::RmsNorm`, a row-wise kernel instead of six passes over the activations.
+//!
+//! Layer norm before opset 17 (torch's exporter at opset 14, as many BERT-style files on
+//! model hubs were written) is `ReduceMean → Sub → Pow → ReduceMean → Add eps → Sqrt →
+//! Div → Mul weight → Add bias`: an RMS norm of the centered input, recovered as one
+//! `Op::LayerNorm` the same way.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +47,7 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
     let uses = graph.use_counts();
     let found: BTreeMap<ValueId, Composite> = (0..graph.nodes.len())
         .filter_map(|id| {
+            // A layer norm holds an RMS norm (of the centered x): it is tried first.
             let found = match attention_chain(graph, &uses, id) {
                 Some(mut c) => {
                     if c.mask.is_some_and(|m| is_causal_mask(graph, fixed, m)) {
@@ -49,7 +55,10 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                     }
                     Composite::Attention(c)
                 }
-                None => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
+                None => match layer_norm_chain(graph, &uses, id) {
+                    Some(n) => Composite::LayerNorm(n),
+                    None => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
+                },
             };
             Some((id, found))
         })
@@ -93,6 +102,21 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                 };
                 out.add(op, &inputs, at)?
             }
+            Some(Composite::LayerNorm(n)) => {
+                let op = Op::LayerNorm {
+                    axis: n.axis,
+                    eps: n.eps,
+                    has_weight: n.weight.is_some(),
+                    has_bias: n.bias.is_some(),
+                };
+                let inputs: Vec<ValueId> = [n.x]
+                    .into_iter()
+                    .chain(n.weight)
+                    .chain(n.bias)
+                    .map(new)
+                    .collect();
+                out.add(op, &inputs, at)?
+            }
             Some(Composite::RmsNorm(n)) => {
                 let op = Op::RmsNorm {
                     axis: n.axis,
@@ -122,6 +146,7 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
 /// A composite op found in place of the node that ends its decomposition.
 enum Composite {
     Attention(Chain),
+    LayerNorm(LayerNorm),
     RmsNorm(Norm),
 }
 
@@ -133,6 +158,7 @@ impl Composite {
                 let k = c.keys.unwrap_or(c.kt);
                 [c.q, k, c.v].into_iter().chain(c.mask).collect()
             }
+            Composite::LayerNorm(n) => [n.x].into_iter().chain(n.weight).chain(n.bias).collect(),
             Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
         }
     }
@@ -433,8 +459,23 @@ fn inverse_rms(
         (Some(e), None) => (q, e),
         _ => return None,
     };
-    let (sum, per) = scaled(g, once(mean)?)?;
-    let sum = once(sum)?;
+    let (square, axis) = mean_over(g, uses, once(mean)?)?;
+    let square = once(square)?;
+    let squares_x = match (&g.nodes[square].op, &g.nodes[square].inputs[..]) {
+        (Op::Binary(BinaryOp::Mul), &[a, b]) => a == x && b == x,
+        (Op::Binary(BinaryOp::Pow), &[a, b]) => a == x && scalar(g, b) == Some(2.0),
+        _ => false,
+    };
+    (squares_x && eps >= 0.0).then_some((axis, eps))
+}
+
+/// `m` as the mean of a value over its trailing dims from some axis (a kept-dim sum times
+/// or divided by their count, the sum used only here): `(value, axis)`.
+fn mean_over(g: &Graph, uses: &[usize], m: ValueId) -> Option<(ValueId, usize)> {
+    let (sum, per) = scaled(g, m)?;
+    if uses[sum] != 1 {
+        return None;
+    }
     let Op::Reduce {
         op: ReduceOp::Sum,
         ref axes,
@@ -443,18 +484,106 @@ fn inverse_rms(
     else {
         return None;
     };
-    let square = once(input(sum)?)?;
-    let squares_x = match (&g.nodes[square].op, &g.nodes[square].inputs[..]) {
-        (Op::Binary(BinaryOp::Mul), &[a, b]) => a == x && b == x,
-        (Op::Binary(BinaryOp::Pow), &[a, b]) => a == x && scalar(g, b) == Some(2.0),
-        _ => false,
-    };
-    let shape = &g.ty(x).shape;
+    let v = *g.nodes[sum].inputs.first()?;
+    let shape = &g.ty(v).shape;
     let axis = *axes.first()?;
     let trailing = axes.iter().copied().eq(axis..shape.len());
     let count: Option<i64> = shape[axis..].iter().map(|d| d.as_const()).product();
-    let mean_ok = count.is_some_and(|n| n > 0 && (per * n as f64 - 1.0).abs() < 1e-6);
-    (squares_x && trailing && mean_ok && eps >= 0.0).then_some((axis, eps))
+    let mean = count.is_some_and(|n| n > 0 && (per * n as f64 - 1.0).abs() < 1e-6);
+    (trailing && mean).then_some((v, axis))
+}
+
+/// A layer norm: `(x - mean(x)) / sqrt(mean((x - mean(x))²) + eps)`, times a weight and
+/// plus a bias over the normalized dims when there are, over dims `axis..`.
+#[derive(Clone, Copy, Debug)]
+struct LayerNorm {
+    x: ValueId,
+    weight: Option<ValueId>,
+    bias: Option<ValueId>,
+    axis: usize,
+    eps: f64,
+}
+
+/// The layer norm ending at node `id` (its bias add, weight product, or normalization).
+/// f32/f64 only, as for RMS norm.
+fn layer_norm_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<LayerNorm> {
+    let node = &g.nodes[id];
+    if !matches!(node.ty.dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    // `n + c` or `n · c` for a parameter `c` of the normalized dims, `n` used only here.
+    let with_param = |op: BinaryOp, inner: &dyn Fn(ValueId) -> Option<LayerNorm>| {
+        let [a, b] = node.inputs[..] else {
+            return None;
+        };
+        if node.op != Op::Binary(op) {
+            return None;
+        }
+        [(a, b), (b, a)].into_iter().find_map(|(n, c)| {
+            let norm = (uses[n] == 1).then(|| inner(n)).flatten()?;
+            let dims = &g.ty(norm.x).shape[norm.axis..];
+            broadcast_weight(g, c, dims, node.ty.dtype).map(|c| (norm, c))
+        })
+    };
+    let weighted = |v: ValueId| {
+        let node = &g.nodes[v];
+        let [a, b] = node.inputs[..] else {
+            return centered(g, uses, v);
+        };
+        if node.op == Op::Binary(BinaryOp::Mul) {
+            for (n, w) in [(a, b), (b, a)] {
+                let Some(norm) = (uses[n] == 1).then(|| centered(g, uses, n)).flatten() else {
+                    continue;
+                };
+                let dims = &g.ty(norm.x).shape[norm.axis..];
+                if let Some(w) = broadcast_weight(g, w, dims, node.ty.dtype) {
+                    return Some(LayerNorm {
+                        weight: Some(w),
+                        ..norm
+                    });
+                }
+            }
+        }
+        centered(g, uses, v)
+    };
+    if let Some((norm, bias)) = with_param(BinaryOp::Add, &weighted) {
+        return Some(LayerNorm {
+            bias: Some(bias),
+            ..norm
+        });
+    }
+    weighted(id)
+}
+
+/// `v` as the RMS norm of `x - mean(x)` over the same dims, the centered value used only
+/// by the norm (its square and the normalization).
+fn centered(g: &Graph, uses: &[usize], v: ValueId) -> Option<LayerNorm> {
+    let norm = normalized(g, uses, v)?;
+    let d = norm.x;
+    let Op::Binary(BinaryOp::Sub) = g.nodes[d].op else {
+        return None;
+    };
+    let [x, mut m] = g.nodes[d].inputs[..] else {
+        return None;
+    };
+    // The square reads d once (Pow) or twice (Mul), the normalization once.
+    if !(2..=3).contains(&uses[d]) || uses[m] != 1 {
+        return None;
+    }
+    if let Op::Expand { .. } = g.nodes[m].op {
+        m = g.nodes[m].inputs[0];
+        if uses[m] != 1 {
+            return None;
+        }
+    }
+    let (of, axis) = mean_over(g, uses, m)?;
+    (of == x && axis == norm.axis).then_some(LayerNorm {
+        x,
+        weight: None,
+        bias: None,
+        axis,
+        eps: norm.eps,
+    })
 }
 
 /// The value `w` broadcasts: one of exactly the normalized `dims` (and `dtype`), given

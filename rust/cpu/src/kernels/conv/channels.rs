@@ -27,6 +27,9 @@ const KC: usize = 128;
 /// before the next, so the block's inputs stay in L1 while the weight streams from L2.
 const ROWS_PER_BLOCK: usize = 48;
 
+/// Floats of a block's parked sums: every tile's ROWS × MAX_PANELS vectors.
+const PARTIAL: usize = ROWS_PER_BLOCK.div_ceil(ROWS) * ROWS * MAX_PANELS * NR;
+
 /// Whether the kernel runs here (AVX-512) and beats `flat` on this conv: output channels
 /// fill whole tiles (a multiple of 64 keeps every tile 6 × 4) and `flat` would leave more
 /// than one lane in twelve idle (planes of 16 × 16 and smaller, for 3 × 3 taps).
@@ -120,7 +123,8 @@ pub fn conv_channels(
             // 6 and one of 1, which is bound by its weight loads).
             let tiles = (end - first).div_ceil(ROWS);
             let tile_at = |t: usize| first + t * (end - first) / tiles;
-            let mut partial = vec![0.0f32; tiles * ROWS * MAX_PANELS * NR];
+            // On the stack: a fresh heap buffer per block was a calloc and free per call.
+            let mut partial = [0.0f32; PARTIAL];
             for q in (0..panels).step_by(MAX_PANELS) {
                 let n = MAX_PANELS.min(panels - q);
                 let weights: [*const f32; MAX_PANELS] =
