@@ -1,5 +1,5 @@
-//! Composite ops recovered from the decompositions exporters write: attention, layer norm
-//! and RMS norm.
+//! Composite ops recovered from the decompositions exporters write: attention, layer norm,
+//! RMS norm and GELU.
 //!
 //! ONNX exports before opset 23 spell scaled dot-product attention as
 //! `MatMul → Mul/Div by a scalar → Add mask → Softmax → MatMul` (torch's exporter scales q
@@ -26,7 +26,9 @@
 //! Layer norm before opset 17 (torch's exporter at opset 14, as many BERT-style files on
 //! model hubs were written) is `ReduceMean → Sub → Pow → ReduceMean → Add eps → Sqrt →
 //! Div → Mul weight → Add bias`: an RMS norm of the centered input, recovered as one
-//! `Op::LayerNorm` the same way.
+//! `Op::LayerNorm` the same way. GELU before opset 20 arrives as `Div √2 → Erf → Add 1 →
+//! Mul x → Mul 0.5` (in some order): one `gelu`, which the CPU backend runs as a vector
+//! kernel instead of a scalar erf per element.
 
 use std::collections::BTreeMap;
 
@@ -55,9 +57,13 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                     }
                     Composite::Attention(c)
                 }
-                None => match layer_norm_chain(graph, &uses, id) {
-                    Some(n) => Composite::LayerNorm(n),
-                    None => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
+                None => match (
+                    layer_norm_chain(graph, &uses, id),
+                    gelu_chain(graph, &uses, id),
+                ) {
+                    (Some(n), _) => Composite::LayerNorm(n),
+                    (None, Some(x)) => Composite::Gelu(x),
+                    (None, None) => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
                 },
             };
             Some((id, found))
@@ -117,6 +123,7 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                     .collect();
                 out.add(op, &inputs, at)?
             }
+            Some(Composite::Gelu(x)) => out.add(Op::Unary(UnaryOp::Gelu), &[new(*x)], at)?,
             Some(Composite::RmsNorm(n)) => {
                 let op = Op::RmsNorm {
                     axis: n.axis,
@@ -147,6 +154,8 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
 enum Composite {
     Attention(Chain),
     LayerNorm(LayerNorm),
+    /// The erf GELU of this value.
+    Gelu(ValueId),
     RmsNorm(Norm),
 }
 
@@ -159,6 +168,7 @@ impl Composite {
                 [c.q, k, c.v].into_iter().chain(c.mask).collect()
             }
             Composite::LayerNorm(n) => [n.x].into_iter().chain(n.weight).chain(n.bias).collect(),
+            Composite::Gelu(x) => vec![*x],
             Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
         }
     }
@@ -467,6 +477,61 @@ fn inverse_rms(
         _ => false,
     };
     (squares_x && eps >= 0.0).then_some((axis, eps))
+}
+
+/// The value whose erf GELU node `id` computes, written out as the product of `x`, 0.5 and
+/// `1 + erf(x / √2)` in any grouping and order (`/ √2` also as `· 1/√2`), every
+/// intermediate used once. f32/f64 only: a half-precision chain rounds each step.
+fn gelu_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<ValueId> {
+    let node = &g.nodes[id];
+    if node.op != Op::Binary(BinaryOp::Mul) || !matches!(node.ty.dtype, DType::F32 | DType::F64) {
+        return None;
+    }
+    // The leaves of the product tree under `id`: its inner products are used only here.
+    let mut factors = Vec::new();
+    let mut stack = vec![id];
+    while let Some(v) = stack.pop() {
+        let n = &g.nodes[v];
+        if n.op == Op::Binary(BinaryOp::Mul) && (v == id || uses[v] == 1) && factors.len() < 8 {
+            stack.extend(n.inputs.iter().copied());
+        } else {
+            factors.push(v);
+        }
+    }
+    let mut half = 1.0;
+    let mut values = Vec::new();
+    for f in factors {
+        match scalar(g, f) {
+            Some(c) => half *= c,
+            None => values.push(f),
+        }
+    }
+    let [a, b] = values[..] else {
+        return None;
+    };
+    let close = |v: f64, want: f64| (v - want).abs() <= 1e-6 * want;
+    let one_plus_erf_of = |s: ValueId| -> Option<ValueId> {
+        let node = &g.nodes[s];
+        let (Op::Binary(BinaryOp::Add), [p, q]) = (&node.op, &node.inputs[..]) else {
+            return None;
+        };
+        let erf = match (scalar(g, *p), scalar(g, *q)) {
+            (Some(1.0), None) => *q,
+            (None, Some(1.0)) => *p,
+            _ => return None,
+        };
+        let (Op::Unary(UnaryOp::Erf), [t]) = (&g.nodes[erf].op, &g.nodes[erf].inputs[..]) else {
+            return None;
+        };
+        let (x, k) = scaled(g, *t)?;
+        let once = uses[s] == 1 && uses[erf] == 1 && uses[*t] == 1;
+        (once && close(k, std::f64::consts::FRAC_1_SQRT_2)).then_some(x)
+    };
+    let x = [(a, b), (b, a)]
+        .into_iter()
+        .find_map(|(x, s)| (one_plus_erf_of(s)? == x).then_some(x))?;
+    (close(half, 0.5) && g.ty(x).shape == node.ty.shape && g.ty(x).dtype == node.ty.dtype)
+        .then_some(x)
 }
 
 /// `m` as the mean of a value over its trailing dims from some axis (a kept-dim sum times
