@@ -13,7 +13,7 @@
 //! time at the k of the channel counts this runs on).
 
 use super::flat::Layout;
-use super::Geom;
+use super::{with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, NR};
 use crate::par;
 
@@ -45,16 +45,6 @@ pub fn suits(g: &Geom) -> bool {
         }
 }
 
-thread_local! {
-    /// Per-thread padded input, reused across calls.
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-struct OutPtr(*mut f32);
-// SAFETY: shared only so that tasks write disjoint outputs of one exclusively borrowed
-// buffer (each output position belongs to one task).
-unsafe impl Sync for OutPtr {}
-
 /// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
 /// output planes, every element written), with the weight packed as the right operand
 /// `pb` (`cg · taps` × `og`). Requires AVX-512F.
@@ -81,10 +71,6 @@ pub fn conv_channels(
         bias.is_none_or(|b| b.len() == g.og),
         "conv bias of another length"
     );
-    assert!(
-        i32::try_from(g.og * op).is_ok(),
-        "conv output planes too large"
-    );
     // Bias per lane (zero past the last channel): the tile starts its sums from it.
     let mut starts = vec![0.0f32; g.og.next_multiple_of(NR)];
     if let Some(b) = bias {
@@ -101,11 +87,7 @@ pub fn conv_channels(
     }
     let panels = g.og.div_ceil(NR);
     let out = OutPtr(y.as_mut_ptr());
-    let run = |buf: &mut Vec<f32>| {
-        let len = lay.len(g.cg);
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
+    let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out, origins, starts) = (&buf[..], &lay, &out, &origins, &starts);
         // With threads, a few blocks per thread so a late helper still finds work.
@@ -173,11 +155,7 @@ pub fn conv_channels(
             (0..blocks).for_each(work);
         }
     };
-    PADDED.with(|p| match p.try_borrow_mut() {
-        Ok(mut buf) => run(&mut buf),
-        // Re-entered on this thread: a fresh buffer.
-        Err(_) => run(&mut Vec::new()),
-    });
+    with_padded(lay.len(g.cg), run);
 }
 
 /// The steps of k a tile call runs: every tap of some input channels.
@@ -342,14 +320,6 @@ mod tests {
     use super::*;
     use crate::kernels::conv::testing::{self, Case};
 
-    fn poison(fill: f32) {
-        PADDED.with(|p| {
-            let mut p = p.borrow_mut();
-            p.clear();
-            p.resize(1 << 20, fill);
-        })
-    }
-
     #[test]
     fn matches_the_definition_on_odd_geometries() {
         if !crate::simd::avx512_available() {
@@ -368,7 +338,12 @@ mod tests {
             (2, 20, vec![2, 2], vec![3, 3], 1, 1, 1),
         ];
         cases.extend(more);
-        testing::check_cases(&cases, conv_channels, testing::Weights::Right, poison);
+        testing::check_cases(
+            &cases,
+            conv_channels,
+            testing::Weights::Right,
+            testing::poison_scratch,
+        );
     }
 
     /// Single-thread speed on the benchmark CNN's shapes:

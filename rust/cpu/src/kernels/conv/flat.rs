@@ -16,7 +16,7 @@
 //! vectors, a broadcast of the weight and `V` loads of the input per step of k (every tap
 //! of every input channel). Stores are masked per output row a vector touches.
 
-use super::Geom;
+use super::{with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, MR};
 use crate::kernels::window::Axis;
 use crate::par;
@@ -237,19 +237,9 @@ fn copy_row(w: &Axis, r: usize, src: &[f32], out: &mut [f32]) {
     }
 }
 
-thread_local! {
-    /// Per-thread padded input, reused across calls.
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-struct OutPtr(*mut f32);
-// SAFETY: shared only so that tasks write disjoint outputs of one exclusively borrowed
-// buffer (each vector's outputs belong to one task).
-unsafe impl Sync for OutPtr {}
-
 /// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
 /// output planes, every element written), with the weight packed as `pa` (`og` × `cg ·
-/// taps`). Requires `suits(g)`.
+/// taps`). Requires AVX-512F.
 pub fn conv_flat(
     g: &Geom,
     pa: &Packed,
@@ -258,7 +248,11 @@ pub fn conv_flat(
     y: &mut [f32],
     threads: usize,
 ) {
-    assert!(suits(g), "the flat conv kernel does not run here");
+    // Not `suits(g)`: that builds the layout a second time; lane use is the caller's choice.
+    assert!(
+        crate::simd::avx512_available(),
+        "the flat conv kernel needs AVX-512"
+    );
     let lay = Layout::new(g);
     let op = g.out_plane();
     assert!(
@@ -278,11 +272,7 @@ pub fn conv_flat(
     let (segs, seg_starts) = lay.segments(g);
     let panels = g.og.div_ceil(MR);
     let out = OutPtr(y.as_mut_ptr());
-    let run = |buf: &mut Vec<f32>| {
-        let len = lay.len(g.cg);
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
+    let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out, segs, seg_starts) = (&buf[..], &lay, &out, &segs, &seg_starts);
         // With threads, a few blocks per thread so a late helper still finds work.
@@ -336,11 +326,7 @@ pub fn conv_flat(
             (0..blocks).for_each(work);
         }
     };
-    PADDED.with(|p| match p.try_borrow_mut() {
-        Ok(mut buf) => run(&mut buf),
-        // Re-entered on this thread: a fresh buffer.
-        Err(_) => run(&mut Vec::new()),
-    });
+    with_padded(lay.len(g.cg), run);
 }
 
 /// The steps of k of one conv: every tap of every input channel.
@@ -489,14 +475,6 @@ mod tests {
     use super::*;
     use crate::kernels::conv::testing::{self, Case};
 
-    fn poison(fill: f32) {
-        PADDED.with(|p| {
-            let mut p = p.borrow_mut();
-            p.clear();
-            p.resize(1 << 20, fill);
-        })
-    }
-
     #[test]
     fn matches_the_definition_on_odd_geometries() {
         if !crate::simd::avx512_available() {
@@ -528,7 +506,12 @@ mod tests {
             "only {} cases suit the kernel",
             runs.len()
         );
-        testing::check_cases(&runs, conv_flat, testing::Weights::Left, poison);
+        testing::check_cases(
+            &runs,
+            conv_flat,
+            testing::Weights::Left,
+            testing::poison_scratch,
+        );
     }
 
     /// Single-thread speed on the benchmark CNN's shapes:

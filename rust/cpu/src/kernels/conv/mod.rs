@@ -31,6 +31,22 @@ use crate::elem::Real;
 use crate::error::{CpuError, KResult};
 use crate::par;
 
+/// Runs `f` with `len` floats of this thread's scratch (`scratch.rs`; arbitrary contents):
+/// the padded input copy the kernels without im2col read.
+fn with_padded<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    crate::scratch::with_scratch(len.div_ceil(2), |words| {
+        // SAFETY: the scratch holds ⌈len/2⌉ 8-byte-aligned words, ours while `f` runs; every
+        // bit pattern is an f32.
+        f(unsafe { std::slice::from_raw_parts_mut(words as *mut f32, len) })
+    })
+}
+
+/// A conv's output, shared so that tasks write disjoint outputs of one exclusively
+/// borrowed buffer.
+struct OutPtr(*mut f32);
+// SAFETY: each kernel hands every output element to exactly one task.
+unsafe impl Sync for OutPtr {}
+
 pub struct Params<'a> {
     pub stride: &'a [i64],
     pub padding: &'a [(i64, i64)],

@@ -13,7 +13,7 @@
 //! The padded copy costs about one pass over the input; output rows narrower than 8 leave
 //! lanes idle, so `suits` keeps narrow outputs on the im2col path.
 
-use super::Geom;
+use super::{with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, MR};
 use crate::par;
 
@@ -172,16 +172,6 @@ fn vector(g: &Geom, lay: &Layout, v: usize) -> Vector {
     }
 }
 
-thread_local! {
-    /// Per-thread padded input, reused across calls.
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-struct OutPtr(*mut f32);
-// SAFETY: shared only so that tasks write disjoint outputs of one exclusively borrowed
-// buffer (each output vector belongs to one task).
-unsafe impl Sync for OutPtr {}
-
 /// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
 /// output planes, every element written), with the weight packed as `pa` (`og` × `cg ·
 /// taps`) and `bias` (`og` values) added. Requires `sgemm::available()`.
@@ -213,8 +203,7 @@ pub fn conv_shifted(
     let pairs = vectors.div_ceil(2);
     let panels = g.og.div_ceil(MR);
     let out = OutPtr(y.as_mut_ptr());
-    let run = |buf: &mut Vec<f32>| {
-        buf.resize(g.cg * lay.chan, 0.0);
+    let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out) = (&buf[..], &lay, &out);
         // Blocks of pairs, each running every panel of the weight over its pairs in turn,
@@ -266,11 +255,7 @@ pub fn conv_shifted(
             (0..blocks).for_each(work);
         }
     };
-    PADDED.with(|p| match p.try_borrow_mut() {
-        Ok(mut buf) => run(&mut buf),
-        // Re-entered on this thread: a fresh buffer.
-        Err(_) => run(&mut Vec::new()),
-    });
+    with_padded(g.cg * lay.chan, run);
 }
 
 /// Most vectors one tile call takes.
@@ -446,19 +431,13 @@ mod tests {
         if !crate::kernels::sgemm::available() {
             return;
         }
+        // Stale NaNs in the scratch: a tap reading a row or phase the fill skipped shows
+        // up in the result.
         testing::check_cases(
             &testing::odd_geometries(),
             conv_shifted,
             testing::Weights::Left,
-            |fill| {
-                // Stale NaNs in the padded copy: a tap reading a row or phase the fill
-                // skipped shows up in the result.
-                PADDED.with(|p| {
-                    let mut p = p.borrow_mut();
-                    p.clear();
-                    p.resize(1 << 16, fill);
-                })
-            },
+            testing::poison_scratch,
         );
     }
 

@@ -142,9 +142,9 @@ fn packed(og: usize, kk: usize, w: &[f32], how: Weights) -> Packed {
 }
 
 /// Runs `kernel` on every case, with and without bias and threads, against the definition.
-/// `poison(NaN)` fills the kernel's reused scratch with NaNs first, so a read of anything
+/// `poison()` fills the kernel's reused scratch with NaNs first, so a read of anything
 /// the kernel did not write shows up.
-pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn(f32)) {
+pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn()) {
     for (i, case) in cases.iter().enumerate() {
         let (g, [xs, ws]) = geom(case);
         let og = case.1;
@@ -162,7 +162,7 @@ pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn
         for threads in [1, 2] {
             // NaN sentinels in the output: an output never written shows up too.
             let mut y = vec![f32::NAN; og * g.out_plane()];
-            poison(f32::NAN);
+            poison();
             kernel(&g, &pa, &x, with_bias.then_some(&bias[..]), &mut y, threads);
             for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
                 assert!(
@@ -207,4 +207,14 @@ pub fn speed(kernel: Kernel, how: Weights) {
             flop / best / 1e9
         );
     }
+}
+
+/// Fills this thread's scratch (where the kernels keep their padded copy) with NaNs, so a
+/// kernel reading anything its fill did not write shows up in the result.
+pub fn poison_scratch() {
+    crate::scratch::with_scratch(1 << 20, |words| {
+        // SAFETY: the scratch holds at least 2^20 words (2^21 floats), ours while this runs.
+        let floats = unsafe { std::slice::from_raw_parts_mut(words as *mut f32, 1 << 21) };
+        floats.fill(f32::NAN);
+    });
 }
