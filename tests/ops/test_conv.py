@@ -107,11 +107,20 @@ def test_max_pool(ceil_mode, backend):
 def test_max_pool_nan_wins_in_every_window_it_is_in(backend):
     # Max pooling reduces the window's input rows first and then slides along that row: a
     # NaN in either step (first, middle or last tap) must reach every window holding it.
+    # Rows of 40 span several 16-lane vectors of outputs (stride 1) and of inputs (stride 2).
     x = rand(2, 3, 9, 8)
     x[0, 0, 0, 0] = x[0, 1, 4, 3] = x[1, 2, 8, 7] = x[1, 0, 5, 0] = float("nan")
+    wide = rand(2, 3, 7, 40)
+    wide[0, 0, 0, 0] = wide[0, 1, 3, 17] = wide[1, 2, 6, 39] = wide[1, 0, 2, 32] = float("nan")
     check(
-        lambda x: (F.max_pool2d(x, 3, 2, 1), F.max_pool2d(x, 2, 1, dilation=2)),
-        [x],
+        lambda x, wide: (
+            F.max_pool2d(x, 3, 2, 1),
+            F.max_pool2d(x, 2, 1, dilation=2),
+            F.max_pool2d(wide, 3, 2, 1),
+            F.max_pool2d(wide, 3, 1, 1),
+            F.max_pool2d(wide, 2, 2, ceil_mode=True),
+        ),
+        [x, wide],
         backend,
     )
 

@@ -11,6 +11,8 @@ pub mod norm;
 pub mod pool;
 pub mod reduce;
 pub mod sgemm;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod window;
 
 use crate::buffer::{Layout, Val, View};

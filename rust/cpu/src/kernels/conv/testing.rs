@@ -3,24 +3,13 @@
 
 use super::{Geom, Params};
 use crate::kernels::sgemm::{Packed, Strided};
+pub use crate::kernels::testing::data;
 
 /// A kernel under test: `y = conv(x) + bias` for one image and group.
 pub type Kernel = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize);
 
 /// (channels in, out, spatial dims, kernel, stride, dilation, padding)
 pub type Case = (usize, usize, Vec<usize>, Vec<usize>, usize, usize, usize);
-
-pub fn data(len: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
 
 /// The conv of one image, one group, by its definition.
 pub fn reference(g: &Geom, x: &[f32], w: &[f32]) -> Vec<f64> {

@@ -2,8 +2,13 @@
 //! parallel over planes. The taps of an output that land inside the input are found per
 //! axis once, so the inner loops carry no bounds checks on padding.
 
+use std::any::TypeId;
+
 use ember_core::dtype::DType;
 use ember_core::ir::PoolKind;
+
+#[cfg(target_arch = "x86_64")]
+mod max512;
 
 use super::elementwise::cast;
 use super::window::{size, three, Axis};
@@ -153,10 +158,18 @@ fn plane_rows<T: Real>(
     }
 }
 
-/// Max pooling of consecutive planes (`xs`: their inputs, `ys`: their outputs), in an
-/// AVX2 copy where the CPU has it: 8 lanes, and three-operand selects (the SSE2 build
-/// spends as many moves as selects).
+/// Max pooling of consecutive planes (`xs`: their inputs, `ys`: their outputs): f32 with a
+/// width stride of 1 or 2 on AVX-512 in `max512`; otherwise here, in an AVX2 copy where the
+/// CPU has it (8 lanes, and three-operand selects: the SSE2 build spends as many moves as
+/// selects).
 fn max_planes<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(usize, usize)>]) {
+    #[cfg(target_arch = "x86_64")]
+    if max512::suits(a) && a.iter().all(|a| a.kernel > 0) {
+        if let (Some(xs), Some(ys)) = (as_f32(xs), as_f32_mut(ys)) {
+            // SAFETY: the CPU has AVX-512F and the stride and kernels fit (`suits`, above).
+            return unsafe { max512::max_planes(a, xs, ys, taps) };
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if simd::avx2_enabled() {
         // SAFETY: the CPU supports AVX2 (checked at run time).
@@ -198,6 +211,21 @@ fn max_planes_here<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(
     for (yp, xp) in ys.chunks_mut(op).zip(xs.chunks(ip)) {
         max_plane(a, xp, yp, taps, &mut bufs);
     }
+}
+
+/// The slice as f32 when `T` is f32 (for the AVX-512 kernel).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn as_f32<T: Real>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32 itself.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn as_f32_mut<T: Real>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: T is f32 itself.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// Scratch rows of `max_plane`: the reduced row, a spare for ping-pong, the phase split.
@@ -348,5 +376,205 @@ fn deinterleave<T: Copy>(src: &[T], s: usize, plen: usize, dst: &mut [T]) {
                 dst[(i % s) * plen + i / s] = v;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::data;
+
+    /// (spatial input dims, kernel, stride, padding, dilation, ceil mode) per axis.
+    type Case = (
+        Vec<usize>,
+        Vec<usize>,
+        Vec<usize>,
+        Vec<usize>,
+        Vec<usize>,
+        bool,
+    );
+
+    fn axes(c: &Case) -> [Axis; 3] {
+        let (len, k, s, p, d, ceil) = c;
+        let axes: Vec<Axis> = (0..len.len())
+            .map(|i| {
+                let span = len[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1;
+                let mut out = if *ceil {
+                    span.div_ceil(s[i])
+                } else {
+                    span / s[i]
+                } + 1;
+                // torch's ceil mode: the last window must start inside the input or left pad.
+                if *ceil && (out - 1) * s[i] >= len[i] + p[i] {
+                    out -= 1;
+                }
+                Axis {
+                    len: len[i],
+                    out,
+                    kernel: k[i],
+                    stride: s[i],
+                    dilation: d[i],
+                    pad: p[i],
+                }
+            })
+            .collect();
+        three(&axes).unwrap()
+    }
+
+    /// Every geometry's max, through whichever kernel this CPU picks, against the plain
+    /// per-output definition, bit for bit (NaNs as NaNs).
+    fn check_against_definition(cases: &[Case]) {
+        for (n, c) in cases.iter().enumerate() {
+            let a = axes(c);
+            let planes = 3;
+            let ip: usize = a.iter().map(|a| a.len).product();
+            let op: usize = a.iter().map(|a| a.out).product();
+            let mut x = data(planes * ip, n as u32);
+            for i in (0..x.len()).step_by(37) {
+                x[i] = f32::NAN;
+            }
+            let taps: Vec<Vec<(usize, usize)>> = a
+                .iter()
+                .map(|ax| (0..ax.out).map(|o| ax.valid_taps(o)).collect())
+                .collect();
+            let mut y = vec![0.0f32; planes * op];
+            max_planes(&a, &x, &mut y, &taps);
+            let mut at = 0;
+            for p in 0..planes {
+                for od in 0..a[0].out {
+                    for oh in 0..a[1].out {
+                        for ow in 0..a[2].out {
+                            let mut m = f32::NEG_INFINITY;
+                            let pos = [od, oh, ow];
+                            let each = |i: usize| {
+                                let (lo, hi) = taps[i][pos[i]];
+                                (lo..hi).map(move |t| {
+                                    pos[i] * a[i].stride + t * a[i].dilation - a[i].pad
+                                })
+                            };
+                            for id in each(0) {
+                                for ih in each(1) {
+                                    for iw in each(2) {
+                                        let v = x[p * ip + (id * a[1].len + ih) * a[2].len + iw];
+                                        m = pick(m, v);
+                                    }
+                                }
+                            }
+                            assert!(
+                                y[at] == m || (y[at].is_nan() && m.is_nan()),
+                                "case {c:?}: output {at} is {}, want {m}",
+                                y[at]
+                            );
+                            at += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_pooling_matches_its_definition() {
+        let v = |x: &[usize]| x.to_vec();
+        let mut cases: Vec<Case> = Vec::new();
+        for ceil in [false, true] {
+            cases.extend([
+                (
+                    v(&[64, 64]),
+                    v(&[3, 3]),
+                    v(&[2, 2]),
+                    v(&[1, 1]),
+                    v(&[1, 1]),
+                    ceil,
+                ),
+                (
+                    v(&[9, 8]),
+                    v(&[3, 3]),
+                    v(&[2, 2]),
+                    v(&[1, 1]),
+                    v(&[1, 1]),
+                    ceil,
+                ),
+                (
+                    v(&[7, 33]),
+                    v(&[3, 2]),
+                    v(&[2, 1]),
+                    v(&[1, 0]),
+                    v(&[2, 1]),
+                    ceil,
+                ),
+                (
+                    v(&[5, 40]),
+                    v(&[5, 5]),
+                    v(&[1, 1]),
+                    v(&[2, 2]),
+                    v(&[1, 1]),
+                    ceil,
+                ),
+                (v(&[71]), v(&[5]), v(&[2]), v(&[2]), v(&[3]), ceil),
+                (v(&[70]), v(&[4]), v(&[3]), v(&[2]), v(&[1]), ceil),
+                (
+                    v(&[2, 2]),
+                    v(&[5, 5]),
+                    v(&[1, 1]),
+                    v(&[2, 2]),
+                    v(&[1, 1]),
+                    ceil,
+                ),
+                (
+                    v(&[3, 5, 35]),
+                    v(&[2, 2, 2]),
+                    v(&[2, 2, 2]),
+                    v(&[0, 0, 0]),
+                    v(&[1, 1, 1]),
+                    ceil,
+                ),
+                (
+                    v(&[1, 17]),
+                    v(&[1, 1]),
+                    v(&[1, 2]),
+                    v(&[0, 0]),
+                    v(&[1, 1]),
+                    ceil,
+                ),
+            ]);
+        }
+        check_against_definition(&cases);
+    }
+
+    /// ns per output of the benchmark CNN's pool (3×3, stride 2, pad 1 on 32 planes of
+    /// 64×64), single thread: `cargo test --release -p ember-cpu max_pool_speed -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore]
+    fn max_pool_speed() {
+        let c: Case = (
+            vec![64, 64],
+            vec![3, 3],
+            vec![2, 2],
+            vec![1, 1],
+            vec![1, 1],
+            false,
+        );
+        let a = axes(&c);
+        let planes = 32;
+        let ip: usize = a.iter().map(|a| a.len).product();
+        let op: usize = a.iter().map(|a| a.out).product();
+        let x = data(planes * ip, 1);
+        let taps: Vec<Vec<(usize, usize)>> = a
+            .iter()
+            .map(|ax| (0..ax.out).map(|o| ax.valid_taps(o)).collect())
+            .collect();
+        let mut y = vec![0.0f32; planes * op];
+        let mut best = f64::INFINITY;
+        for _ in 0..200 {
+            let t = std::time::Instant::now();
+            max_planes(&a, &x, &mut y, &taps);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "max pool 3x3/2: {:.3} ns/output",
+            best * 1e9 / y.len() as f64
+        );
     }
 }
