@@ -143,8 +143,21 @@ impl Layout {
     }
 
     /// Writes the padded, phase-split copy of `x` (`cg` input planes) into `buf`: every
-    /// entry of every channel, zero where it is padding.
+    /// entry of every channel, zero where it is padding. Requires AVX-512F (as the kernels
+    /// that read the copy).
     pub(super) fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
+        assert!(
+            crate::simd::avx512_available(),
+            "the padded copy is for AVX-512 kernels"
+        );
+        // SAFETY: AVX-512F is present (asserted).
+        unsafe { self.fill_avx512(g, x, buf) }
+    }
+
+    /// `fill`, compiled for AVX-512 so the row copies inline: a copy is a few vectors, and
+    /// calls and loop setup per row were most of a stride-2 fill's time.
+    #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+    unsafe fn fill_avx512(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
         let [d, h, w] = &g.ax;
         let [sd, sh, sw] = &self.splits;
         let ip = g.in_plane();
@@ -154,12 +167,17 @@ impl Layout {
                 .checked_sub(a.pad)
                 .filter(|&i| i < a.len)
         };
+        let cols: Vec<PhaseCols> = sw
+            .phases
+            .iter()
+            .map(|&r| PhaseCols::new(w, r, self.row))
+            .collect();
         for (c, dst) in buf.chunks_mut(self.chan).take(g.cg).enumerate() {
             let xc = &x[c * ip..(c + 1) * ip];
             let mut rows = dst.chunks_mut(self.row);
             for &rd in &sd.phases {
                 for &rh in &sh.phases {
-                    for &rw in &sw.phases {
+                    for &pc in &cols {
                         for pd in 0..sd.positions {
                             for ph in 0..sh.positions {
                                 let out = rows.next().expect("the copy holds every row");
@@ -169,7 +187,7 @@ impl Layout {
                                     continue;
                                 };
                                 let src = &xc[(id * h.len + ih) * w.len..][..w.len];
-                                copy_row(w, rw, src, out);
+                                copy_row(w.stride, pc, src, out);
                             }
                         }
                     }
@@ -211,28 +229,62 @@ impl Layout {
     }
 }
 
+/// Which columns of a phase row along `w` hold input (`q0..q1`, from input index `first`
+/// on, every `stride`-th); the rest are padding. Fixed per phase: computing it per row (two
+/// divisions) was most of the copy's time.
+#[derive(Clone, Copy)]
+struct PhaseCols {
+    q0: usize,
+    q1: usize,
+    first: usize,
+}
+
+impl PhaseCols {
+    /// Column q of phase `r` (of `cols` columns) holds input q·stride + r - pad.
+    fn new(w: &Axis, r: usize, cols: usize) -> PhaseCols {
+        let s = w.stride;
+        let q0 = w.pad.saturating_sub(r).div_ceil(s).min(cols);
+        let q1 = (w.len + w.pad)
+            .saturating_sub(r)
+            .div_ceil(s)
+            .clamp(q0, cols);
+        PhaseCols {
+            q0,
+            q1,
+            first: (q0 * s + r).saturating_sub(w.pad),
+        }
+    }
+}
+
 /// Writes into `out` (one phase row of the padded copy) the entries of input row `src`
-/// along `w` for phase `r`: column q holds input q·stride + r - pad, zero outside the row.
-fn copy_row(w: &Axis, r: usize, src: &[f32], out: &mut [f32]) {
-    let s = w.stride;
-    // Columns q0..q1 lie inside the row (a per-column bounds test was a third of a
-    // stride-2 conv's time in the AVX2 kernel's fill).
-    let q0 = w.pad.saturating_sub(r).div_ceil(s).min(out.len());
-    let q1 = (w.len + w.pad)
-        .saturating_sub(r)
-        .div_ceil(s)
-        .clamp(q0, out.len());
-    out[..q0].fill(0.0);
-    out[q1..].fill(0.0);
+/// that `pc` names, zero elsewhere.
+#[inline(always)]
+fn copy_row(stride: usize, pc: PhaseCols, src: &[f32], out: &mut [f32]) {
+    let PhaseCols { q0, q1, first } = pc;
+    // SAFETY: AVX-512F is present (as above).
+    unsafe {
+        x86::zero(&mut out[..q0]);
+        x86::zero(&mut out[q1..]);
+    }
     if q0 == q1 {
         return;
     }
-    let first = q0 * s + r - w.pad;
-    if s == 1 {
-        out[q0..q1].copy_from_slice(&src[first..first + q1 - q0]);
-    } else {
-        for (v, c) in out[q0..q1].iter_mut().zip(src[first..].chunks(s)) {
-            *v = c[0];
+    let out = &mut out[q0..q1];
+    let src = &src[first..];
+    match stride {
+        1 => out.copy_from_slice(&src[..out.len()]),
+        2 => {
+            assert!(
+                src.len() > 2 * (out.len() - 1),
+                "phase row reads past the input row"
+            );
+            // SAFETY: `conv_flat` runs only where AVX-512F is present; lengths checked above.
+            unsafe { x86::every_other(src, out) }
+        }
+        s => {
+            for (v, c) in out.iter_mut().zip(src.chunks(s)) {
+                *v = c[0];
+            }
         }
     }
 }
@@ -385,6 +437,55 @@ mod x86 {
         }
     }
 
+    /// Zeros `out` with masked stores: the padding of a phase row is a few floats, and
+    /// `fill` called memset for each.
+    ///
+    /// # Safety
+    /// AVX-512F present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn zero(out: &mut [f32]) {
+        for o in out.chunks_mut(LANES) {
+            let m = if o.len() >= LANES {
+                !0
+            } else {
+                ((1u32 << o.len()) - 1) as u16
+            };
+            // SAFETY: the mask keeps the store inside `o`.
+            unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), m, _mm512_setzero_ps()) };
+        }
+    }
+
+    /// `out[i] = src[2i]` (`src` holds at least `2·out.len() - 1` floats), 16 outputs a
+    /// step: two loads (masked at the row's end) and a permute keeping the even lanes. The
+    /// scalar loop was a third of a stride-2 conv's time.
+    ///
+    /// # Safety
+    /// AVX-512F present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn every_other(src: &[f32], out: &mut [f32]) {
+        let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let lanes = |n: usize| {
+            if n >= LANES {
+                !0
+            } else {
+                ((1u32 << n) - 1) as u16
+            }
+        };
+        for (i, o) in out.chunks_mut(LANES).enumerate() {
+            let left = src.len() - 2 * i * LANES;
+            let p = src.as_ptr().add(2 * i * LANES);
+            // SAFETY: the masks keep the loads inside `src`, the store inside `o`.
+            unsafe {
+                let lo = _mm512_maskz_loadu_ps(lanes(left), p);
+                let hi = _mm512_maskz_loadu_ps(lanes(left.saturating_sub(LANES)), p.add(LANES));
+                let v = _mm512_permutex2var_ps(lo, evens, hi);
+                _mm512_mask_storeu_ps(o.as_mut_ptr(), lanes(o.len()), v);
+            }
+        }
+    }
+
     /// `R` output channels × `V` vectors, accumulated over every step of k.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::needless_range_loop)] // `r` and `j` index the accumulators
@@ -468,6 +569,16 @@ mod x86 {
     ) {
         unreachable!("the flat conv runs only where AVX-512 is present");
     }
+
+    /// Never called, as `dispatch`.
+    pub unsafe fn zero(_out: &mut [f32]) {
+        unreachable!("the flat conv runs only where AVX-512 is present");
+    }
+
+    /// Never called, as `dispatch`.
+    pub unsafe fn every_other(_src: &[f32], _out: &mut [f32]) {
+        unreachable!("the flat conv runs only where AVX-512 is present");
+    }
 }
 
 #[cfg(test)]
@@ -521,6 +632,29 @@ mod tests {
     fn flat_speed() {
         if crate::simd::avx512_available() {
             testing::speed(conv_flat, testing::Weights::Left);
+        }
+    }
+
+    /// The padded copy's time for the CNN's 32-channel 32×32 input at stride 1 and 2:
+    /// `cargo test --release -p ember-cpu fill_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn fill_speed() {
+        if !crate::simd::avx512_available() {
+            return;
+        }
+        for s in [1, 2] {
+            let (g, [xs, _]) = testing::geom(&(32, 64, vec![32, 32], vec![3, 3], s, 1, 1));
+            let x = testing::data(xs.iter().product(), 1);
+            let lay = Layout::new(&g);
+            let mut buf = vec![0.0f32; lay.len(g.cg)];
+            let mut best = f64::MAX;
+            for _ in 0..2000 {
+                let t = std::time::Instant::now();
+                lay.fill(&g, &x, &mut buf);
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!("s{s} fill {:.2} us, {} floats", best * 1e6, buf.len());
         }
     }
 }
