@@ -82,6 +82,21 @@ def test_ember_compile_nested_inputs_and_outputs():
     torch.testing.assert_close(fast(*new), m(*new))
 
 
+def test_compile_takes_plain_functions():
+    w = rand(4, 3)
+
+    def gelu_proj(x, y):
+        return torch.nn.functional.gelu(x @ w) + y
+
+    args = (rand(2, 4), rand(2, 3))
+    fast = ember.compile(gelu_proj, *args)
+    torch.testing.assert_close(fast(*args), gelu_proj(*args))
+    fast = ember.compile(lambda x: x.softmax(-1) * 2, args[0])
+    torch.testing.assert_close(fast(args[0]), args[0].softmax(-1) * 2)
+    with pytest.raises(TypeError, match="nn.Module or a function, not int"):
+        ember.compile(3, args[0])
+
+
 def test_weights_are_bound_not_copied():
     lin = torch.nn.Linear(3, 3).eval()
     fast = ember.compile(lin, rand(2, 3))
