@@ -302,6 +302,25 @@ def test_conv_channel_lanes_on_small_planes(batch, size, backend):
     )
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_conv_relu_clamped_in_the_kernel(batch, backend):
+    # A ReLU right after a conv is applied to the sums in registers by the panel kernels
+    # (flat and channel lanes on AVX-512, shifted rows on AVX2) instead of a pass over the
+    # output; NaNs must stay NaN through it, as through the unfused ReLU. One image runs the
+    # kernel on every thread, several split images over threads.
+    stem = nn.Conv2d(3, 32, 3, padding=1).eval()
+    down = nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False).eval()
+    lanes = nn.Conv2d(64, 64, 3, padding=1).eval()
+    x = rand(batch, 3, 20, 20)
+    x[0, 1, 5, 7] = float("nan")
+    check(
+        lambda x: (F.relu(stem(x)), F.relu(lanes(F.relu(down(F.relu(stem(x))))))),
+        [x],
+        backend,
+        **TOL,
+    )
+
+
 def test_conv_shifted_rows_in_one_and_three_dims(backend):
     c1 = nn.Conv1d(6, 9, 5, stride=2, padding=2)
     c3 = nn.Conv3d(3, 8, 3, padding=1)

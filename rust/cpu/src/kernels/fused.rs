@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 
 use ember_core::dtype::DType;
-use ember_core::ir::{Graph, Op};
+use ember_core::ir::{Graph, Op, UnaryOp};
 
 use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
 use crate::arena::Dest;
@@ -123,6 +123,17 @@ impl<'a> Pass<'a> {
             n,
             values: PhantomData,
         })
+    }
+
+    /// Whether the whole pass is a ReLU of the head's result (`max(x, 0)` elementwise, in
+    /// place), which a head kernel may apply to its sums before storing them instead.
+    pub fn is_relu_of_head(&self) -> bool {
+        let (Some(head), [step]) = (&self.grp.head, &self.grp.steps[..]) else {
+            return false;
+        };
+        let slot = self.grp.leaves.iter().position(|&l| l == head.leaf);
+        matches!(self.g.nodes[step.node].op, Op::Unary(UnaryOp::Relu))
+            && slot.is_some_and(|i| step.args == [i])
     }
 
     /// Elements of the output.

@@ -45,9 +45,9 @@ pub fn suits(g: &Geom) -> bool {
         }
 }
 
-/// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
-/// output planes, every element written), with the weight packed as the right operand
-/// `pb` (`cg · taps` × `og`). Requires AVX-512F.
+/// `y = conv(x) + bias` (then `max(·, 0)` if `relu`) for one image and group (`x`: its
+/// `cg` input planes; `y`: its `og` output planes, every element written), with the weight
+/// packed as the right operand `pb` (`cg · taps` × `og`). Requires AVX-512F.
 pub fn conv_channels(
     g: &Geom,
     pb: &Packed,
@@ -55,6 +55,7 @@ pub fn conv_channels(
     bias: Option<&[f32]>,
     y: &mut [f32],
     threads: usize,
+    relu: bool,
 ) {
     assert!(
         crate::simd::avx512_available(),
@@ -141,6 +142,7 @@ pub fn conv_channels(
                                     bias: from_bias.then(|| starts[q * NR..].as_ptr()),
                                     partial: partial[t * ROWS * MAX_PANELS * NR..].as_mut_ptr(),
                                     out: to_out.then(|| out.0.add(q * NR * op + at)),
+                                    relu,
                                 },
                                 (op, live),
                             )
@@ -177,6 +179,8 @@ struct Sums {
     /// The first output of the first channel's plane when this call runs the last
     /// channels; else the sums are parked in `partial`.
     out: Option<*mut f32>,
+    /// Clamp the sums at zero before storing them to `out` (a ReLU fused into the conv).
+    relu: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -279,6 +283,13 @@ mod x86 {
                 }
                 return;
             };
+            if sums.relu {
+                // max(0, v) keeps v where it is NaN (the second operand wins), and -0.0, as
+                // the unfused `if v < 0 { 0 } else { v }` does.
+                for acc in acc.iter_mut().flatten() {
+                    *acc = _mm512_max_ps(_mm512_setzero_ps(), *acc);
+                }
+            }
             // Transposed store: lane j of acc[r][h] is output position r of channel
             // h·16 + j.
             let mut tmp = [[0.0f32; NR]; R];

@@ -289,9 +289,9 @@ fn copy_row(stride: usize, pc: PhaseCols, src: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
-/// output planes, every element written), with the weight packed as `pa` (`og` × `cg ·
-/// taps`). Requires AVX-512F.
+/// `y = conv(x) + bias` (then `max(·, 0)` if `relu`) for one image and group (`x`: its
+/// `cg` input planes; `y`: its `og` output planes, every element written), with the weight
+/// packed as `pa` (`og` × `cg · taps`). Requires AVX-512F.
 pub fn conv_flat(
     g: &Geom,
     pa: &Packed,
@@ -299,6 +299,7 @@ pub fn conv_flat(
     bias: Option<&[f32]>,
     y: &mut [f32],
     threads: usize,
+    relu: bool,
 ) {
     // Not `suits(g)`: that builds the layout a second time; lane use is the caller's choice.
     assert!(
@@ -359,6 +360,7 @@ pub fn conv_flat(
                                 channels: g.cg,
                                 chan: lay.chan,
                                 taps: &lay.taps,
+                                relu,
                             },
                             buf.as_ptr().add(at * LANES),
                             &vs[..n],
@@ -388,6 +390,8 @@ struct Steps<'a> {
     /// Floats per channel of the padded copy.
     chan: usize,
     taps: &'a [isize],
+    /// Clamp the sums at zero before storing them (a ReLU fused into the conv).
+    relu: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -534,6 +538,13 @@ mod x86 {
                         step(xc.offset(t), a);
                         a = a.add(MR);
                     }
+                }
+            }
+            if k.relu {
+                // max(0, v) keeps v where it is NaN (the second operand wins), and -0.0, as
+                // the unfused `if v < 0 { 0 } else { v }` does.
+                for acc in acc.iter_mut().flatten() {
+                    *acc = _mm512_max_ps(_mm512_setzero_ps(), *acc);
                 }
             }
             for r in 0..R {

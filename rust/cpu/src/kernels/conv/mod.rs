@@ -270,9 +270,13 @@ fn conv_t<T: GemmElem + Real>(
     if epilogue.is_some_and(|e| e.len() != y.len()) {
         return Err(CpuError::Internal("conv epilogue of another size".into()));
     }
+    // An epilogue that is only a ReLU of the conv runs inside the panel kernels (in
+    // registers, before the store) where one takes the conv; a pass over the outputs was a
+    // quarter of a 3-channel stem conv's time.
+    let relu_in_kernel = epilogue.is_some_and(Pass::is_relu_of_head);
     // The f32 kernel that reads a padded copy of the input instead of im2col, if one suits
     // this geometry on this CPU (AVX-512 first: it also keeps the lanes of narrow rows busy).
-    type NoIm2col = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize);
+    type NoIm2col = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize, bool);
     let no_im2col: Option<NoIm2col> = if flat::suits(g) {
         Some(flat::conv_flat)
     } else if shifted::suits(g) {
@@ -301,6 +305,7 @@ fn conv_t<T: GemmElem + Real>(
             _ => None,
         };
         let mut add_bias = bg;
+        let mut relu_done = false;
         if !uses_gemm(&[g.o, g.cg], g.groups) {
             direct(g, xg, wg, y);
         } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {
@@ -309,12 +314,16 @@ fn conv_t<T: GemmElem + Real>(
                 false => Some(channels::conv_channels as NoIm2col),
             };
             match (no_im2col, bg.map(|b| T::as_f32(b))) {
-                // These kernels start their sums from the bias.
+                // These kernels start their sums from the bias and clamp them in registers.
                 (Some(kernel), Some(Some(b32))) => {
-                    kernel(g, pa, x32, Some(b32), y32, threads);
+                    kernel(g, pa, x32, Some(b32), y32, threads, relu_in_kernel);
                     add_bias = None;
+                    relu_done = relu_in_kernel;
                 }
-                (Some(kernel), None) => kernel(g, pa, x32, None, y32, threads),
+                (Some(kernel), None) => {
+                    kernel(g, pa, x32, None, y32, threads, relu_in_kernel);
+                    relu_done = relu_in_kernel;
+                }
                 _ => gemm_from_panels(g, pa, x32, y32, threads),
             }
         } else {
@@ -353,16 +362,23 @@ fn conv_t<T: GemmElem + Real>(
                 row.iter_mut().for_each(|v| *v = *v + bv);
             }
         }
+        relu_done
     };
+    // Whether the epilogue's work is done by the kernel.
+    let done_by = |relu_done: bool| relu_done && relu_in_kernel;
     let chunk = g.og * op;
     if tasks == 1 {
-        run(0, y, threads);
+        if done_by(run(0, y, threads)) {
+            return Ok(());
+        }
         return epilogue.map_or(Ok(()), Pass::all);
     }
     // Each task runs the epilogue over its own outputs; the first error is kept.
     let failed = std::sync::Mutex::new(None);
     par::for_chunks_mut(y, chunk, |start, y| {
-        run(start / chunk, y, 1);
+        if done_by(run(start / chunk, y, 1)) {
+            return;
+        }
         if let Some(Err(e)) = epilogue.map(|e| e.range(start, start + y.len())) {
             failed
                 .lock()

@@ -172,9 +172,10 @@ fn vector(g: &Geom, lay: &Layout, v: usize) -> Vector {
     }
 }
 
-/// `y = conv(x) + bias` for one image and group (`x`: its `cg` input planes; `y`: its `og`
-/// output planes, every element written), with the weight packed as `pa` (`og` × `cg ·
-/// taps`) and `bias` (`og` values) added. Requires `sgemm::available()`.
+/// `y = conv(x) + bias` (then `max(·, 0)` if `relu`) for one image and group (`x`: its
+/// `cg` input planes; `y`: its `og` output planes, every element written), with the weight
+/// packed as `pa` (`og` × `cg · taps`) and `bias` (`og` values) added. Requires
+/// `sgemm::available()`.
 pub fn conv_shifted(
     g: &Geom,
     pa: &Packed,
@@ -182,6 +183,7 @@ pub fn conv_shifted(
     bias: Option<&[f32]>,
     y: &mut [f32],
     threads: usize,
+    relu: bool,
 ) {
     let lay = Layout::new(g);
     let op = g.out_plane();
@@ -236,6 +238,7 @@ pub fn conv_shifted(
                                 channels: g.cg,
                                 chan: lay.chan,
                                 taps: &lay.taps,
+                                relu,
                             },
                             buf.as_ptr(),
                             &vs[..n],
@@ -281,6 +284,8 @@ struct Steps<'a> {
     /// Floats per channel of the padded copy.
     chan: usize,
     taps: &'a [isize],
+    /// Clamp the sums at zero before storing them (a ReLU fused into the conv).
+    relu: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -383,6 +388,13 @@ mod x86 {
                         step(xc.offset(t), a);
                         a = a.add(MR);
                     }
+                }
+            }
+            if k.relu {
+                // max(0, v) keeps v where it is NaN (the second operand wins), and -0.0, as
+                // the unfused `if v < 0 { 0 } else { v }` does.
+                for acc in acc.iter_mut().flatten() {
+                    *acc = _mm256_max_ps(_mm256_setzero_ps(), *acc);
                 }
             }
             for r in 0..R {

@@ -6,7 +6,7 @@ use crate::kernels::sgemm::{Packed, Strided};
 pub use crate::kernels::testing::data;
 
 /// A kernel under test: `y = conv(x) + bias` for one image and group.
-pub type Kernel = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize);
+pub type Kernel = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize, bool);
 
 /// (channels in, out, spatial dims, kernel, stride, dilation, padding)
 pub type Case = (usize, usize, Vec<usize>, Vec<usize>, usize, usize, usize);
@@ -130,7 +130,8 @@ fn packed(og: usize, kk: usize, w: &[f32], how: Weights) -> Packed {
     }
 }
 
-/// Runs `kernel` on every case, with and without bias and threads, against the definition.
+/// Runs `kernel` on every case, with and without bias, ReLU and threads, against the
+/// definition.
 /// `poison()` fills the kernel's reused scratch with NaNs first, so a read of anything
 /// the kernel did not write shows up.
 pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn()) {
@@ -141,18 +142,29 @@ pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn
         let w = data(ws.iter().product(), i as u32 * 2 + 2);
         let pa = packed(og, case.0 * g.taps(), &w, how);
         let bias = data(og, i as u32 + 100);
-        let with_bias = i % 2 == 1;
+        let (with_bias, relu) = (i % 2 == 1, i % 4 >= 2);
         let mut want = reference(&g, &x, &w);
-        if with_bias {
-            for (j, v) in want.iter_mut().enumerate() {
+        for (j, v) in want.iter_mut().enumerate() {
+            if with_bias {
                 *v += bias[j / g.out_plane()] as f64;
+            }
+            if relu {
+                *v = v.max(0.0);
             }
         }
         for threads in [1, 2] {
             // NaN sentinels in the output: an output never written shows up too.
             let mut y = vec![f32::NAN; og * g.out_plane()];
             poison();
-            kernel(&g, &pa, &x, with_bias.then_some(&bias[..]), &mut y, threads);
+            kernel(
+                &g,
+                &pa,
+                &x,
+                with_bias.then_some(&bias[..]),
+                &mut y,
+                threads,
+                relu,
+            );
             for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
                 assert!(
                     (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
@@ -186,7 +198,7 @@ pub fn speed(kernel: Kernel, how: Weights) {
             let t = std::time::Instant::now();
             let n = (2e8 / flop).ceil() as usize;
             for _ in 0..n {
-                kernel(&g, &pa, &x, None, &mut y, 1);
+                kernel(&g, &pa, &x, None, &mut y, 1, false);
             }
             best = best.min(t.elapsed().as_secs_f64() / n as f64);
         }
