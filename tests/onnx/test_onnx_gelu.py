@@ -1,6 +1,7 @@
 """GELU as exporters wrote it before opset 20 (`Div √2 → Erf → Add 1 → Mul x → Mul 0.5`, in
-some order) runs as one fused gelu, with the results of the decomposed graph (checked
-against ONNX Runtime and eager)."""
+some order) runs as one fused gelu, and the tanh approximation written out (GPT-2's
+`gelu_new`) as one gelu_tanh, with the results of the decomposed graph (checked against ONNX
+Runtime and eager)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,65 @@ def test_gelu_written_out_in_torch_runs_fused() -> None:
     compiled = ember.compile(Gelu(), x)
     torch.testing.assert_close(compiled(x), Gelu()(x), rtol=1e-5, atol=1e-5)
     assert "gelu(" in compiled.ir() and "erf(" not in compiled.ir()
+
+
+def _tanh_gelu_model(cube: str, coefficient: float = 0.044715):
+    """GPT-2's `gelu_new` as the TorchScript exporter writes it (`Pow 3`) or with the cube as
+    two products."""
+    x = randn(3, 40, seed=11) * 3
+    inits = {
+        "three": np.array(3.0, dtype=np.float32),
+        "a": np.array(coefficient, dtype=np.float32),
+        "k": np.array(math.sqrt(2.0 / math.pi), dtype=np.float32),
+        "one": np.array(1.0, dtype=np.float32),
+        "half": np.array(0.5, dtype=np.float32),
+    }
+    if cube == "pow":
+        cubed = [helper.make_node("Pow", ["x", "three"], ["c"])]
+    else:
+        cubed = [
+            helper.make_node("Mul", ["x", "x"], ["sq"]),
+            helper.make_node("Mul", ["sq", "x"], ["c"]),
+        ]
+    nodes = [
+        helper.make_node("Mul", ["half", "x"], ["h"]),
+        *cubed,
+        helper.make_node("Mul", ["c", "a"], ["ac"]),
+        helper.make_node("Add", ["x", "ac"], ["inner"]),
+        helper.make_node("Mul", ["k", "inner"], ["t"]),
+        helper.make_node("Tanh", ["t"], ["th"]),
+        helper.make_node("Add", ["one", "th"], ["s"]),
+        helper.make_node("Mul", ["h", "s"], ["out"]),
+    ]
+    return make_model(nodes, {"x": x}, ["out"], initializers=inits), {"x": x}
+
+
+@pytest.mark.parametrize("cube", ["pow", "products"])
+def test_decomposed_tanh_gelu_runs_fused(cube: str) -> None:
+    model, feeds = _tanh_gelu_model(cube)
+    compiled = ember.compile_onnx(model)
+    check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+    ir = compiled.ir()
+    assert "gelu_tanh(" in ir and "tanh(x" not in ir and "pow(" not in ir, ir
+
+
+def test_another_tanh_coefficient_stays_decomposed() -> None:
+    model, feeds = _tanh_gelu_model("pow", coefficient=0.05)
+    compiled = ember.compile_onnx(model)
+    check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+    assert "gelu_tanh(" not in compiled.ir()
+
+
+def test_gpt2_gelu_new_in_torch_runs_fused() -> None:
+    """Hugging Face's `NewGELUActivation` (GPT-2, GPT-J, Phi's `gelu_new`), traced by
+    torch.export."""
+
+    class GeluNew(torch.nn.Module):
+        def forward(self, x):
+            inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+            return 0.5 * x * (1.0 + torch.tanh(inner))
+
+    x = torch.randn(4, 33) * 3
+    compiled = ember.compile(GeluNew(), x)
+    torch.testing.assert_close(compiled(x), GeluNew()(x), rtol=1e-5, atol=1e-5)
+    assert "gelu_tanh(" in compiled.ir(), compiled.ir()

@@ -28,7 +28,9 @@
 //! Div → Mul weight → Add bias`: an RMS norm of the centered input, recovered as one
 //! `Op::LayerNorm` the same way. GELU before opset 20 arrives as `Div √2 → Erf → Add 1 →
 //! Mul x → Mul 0.5` (in some order): one `gelu`, which the CPU backend runs as a vector
-//! kernel instead of a scalar erf per element.
+//! kernel instead of a scalar erf per element; the tanh approximation written out (GPT-2's
+//! `gelu_new`: `Pow 3 → Mul 0.044715 → Add x → Mul √(2/π) → Tanh → Add 1 → Mul x → Mul
+//! 0.5`) becomes one `gelu_tanh` the same way.
 
 use std::collections::BTreeMap;
 
@@ -62,7 +64,7 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                     gelu_chain(graph, &uses, id),
                 ) {
                     (Some(n), _) => Composite::LayerNorm(n),
-                    (None, Some(x)) => Composite::Gelu(x),
+                    (None, Some((x, op))) => Composite::Gelu(x, op),
                     (None, None) => Composite::RmsNorm(rms_norm_chain(graph, &uses, id)?),
                 },
             };
@@ -123,7 +125,7 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
                     .collect();
                 out.add(op, &inputs, at)?
             }
-            Some(Composite::Gelu(x)) => out.add(Op::Unary(UnaryOp::Gelu), &[new(*x)], at)?,
+            Some(Composite::Gelu(x, op)) => out.add(Op::Unary(*op), &[new(*x)], at)?,
             Some(Composite::RmsNorm(n)) => {
                 let op = Op::RmsNorm {
                     axis: n.axis,
@@ -154,8 +156,8 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
 enum Composite {
     Attention(Chain),
     LayerNorm(LayerNorm),
-    /// The erf GELU of this value.
-    Gelu(ValueId),
+    /// The GELU of this value: `UnaryOp::Gelu` (erf) or `GeluTanh`.
+    Gelu(ValueId, UnaryOp),
     RmsNorm(Norm),
 }
 
@@ -168,7 +170,7 @@ impl Composite {
                 [c.q, k, c.v].into_iter().chain(c.mask).collect()
             }
             Composite::LayerNorm(n) => [n.x].into_iter().chain(n.weight).chain(n.bias).collect(),
-            Composite::Gelu(x) => vec![*x],
+            Composite::Gelu(x, _) => vec![*x],
             Composite::RmsNorm(n) => [n.x].into_iter().chain(n.weight).collect(),
         }
     }
@@ -479,10 +481,12 @@ fn inverse_rms(
     (squares_x && eps >= 0.0).then_some((axis, eps))
 }
 
-/// The value whose erf GELU node `id` computes, written out as the product of `x`, 0.5 and
-/// `1 + erf(x / √2)` in any grouping and order (`/ √2` also as `· 1/√2`), every
-/// intermediate used once. f32/f64 only: a half-precision chain rounds each step.
-fn gelu_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<ValueId> {
+/// The value whose GELU node `id` computes, and which GELU: written out as the product of
+/// `x`, 0.5 and `1 + erf(x / √2)` (erf GELU; `/ √2` also as `· 1/√2`) or `1 + tanh(√(2/π) ·
+/// (x + 0.044715 · x³))` (the tanh approximation, GPT-2's `gelu_new`; the cube as `Pow 3`
+/// or `x · x · x`), in any grouping and order, every intermediate used once. f32/f64 only:
+/// a half-precision chain rounds each step.
+fn gelu_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<(ValueId, UnaryOp)> {
     let node = &g.nodes[id];
     if node.op != Op::Binary(BinaryOp::Mul) || !matches!(node.ty.dtype, DType::F32 | DType::F64) {
         return None;
@@ -510,28 +514,68 @@ fn gelu_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<ValueId> {
         return None;
     };
     let close = |v: f64, want: f64| (v - want).abs() <= 1e-6 * want;
-    let one_plus_erf_of = |s: ValueId| -> Option<ValueId> {
+    // `1 + f(t)` for f erf or tanh: (f, t), every step used once.
+    let one_plus = |s: ValueId| -> Option<(UnaryOp, ValueId)> {
         let node = &g.nodes[s];
         let (Op::Binary(BinaryOp::Add), [p, q]) = (&node.op, &node.inputs[..]) else {
             return None;
         };
-        let erf = match (scalar(g, *p), scalar(g, *q)) {
+        let f = match (scalar(g, *p), scalar(g, *q)) {
             (Some(1.0), None) => *q,
             (None, Some(1.0)) => *p,
             _ => return None,
         };
-        let (Op::Unary(UnaryOp::Erf), [t]) = (&g.nodes[erf].op, &g.nodes[erf].inputs[..]) else {
+        let (Op::Unary(op), [t]) = (&g.nodes[f].op, &g.nodes[f].inputs[..]) else {
             return None;
         };
-        let (x, k) = scaled(g, *t)?;
-        let once = uses[s] == 1 && uses[erf] == 1 && uses[*t] == 1;
-        (once && close(k, std::f64::consts::FRAC_1_SQRT_2)).then_some(x)
+        (uses[s] == 1 && uses[f] == 1 && uses[*t] == 1).then_some((*op, *t))
     };
-    let x = [(a, b), (b, a)]
-        .into_iter()
-        .find_map(|(x, s)| (one_plus_erf_of(s)? == x).then_some(x))?;
+    // The x of `1 + erf(x / √2)` or `1 + tanh(√(2/π) · (x + 0.044715 · x³))`.
+    let gelu_of = |s: ValueId| -> Option<(ValueId, UnaryOp)> {
+        let (f, t) = one_plus(s)?;
+        let (inner, k) = scaled(g, t)?;
+        match f {
+            UnaryOp::Erf => {
+                close(k, std::f64::consts::FRAC_1_SQRT_2).then_some((inner, UnaryOp::Gelu))
+            }
+            UnaryOp::Tanh if close(k, (2.0 / std::f64::consts::PI).sqrt()) => {
+                Some((tanh_gelu_inner(g, uses, inner)?, UnaryOp::GeluTanh))
+            }
+            _ => None,
+        }
+    };
+    let (x, op) = [(a, b), (b, a)].into_iter().find_map(|(x, s)| {
+        let (y, op) = gelu_of(s)?;
+        (y == x).then_some((x, op))
+    })?;
     (close(half, 0.5) && g.ty(x).shape == node.ty.shape && g.ty(x).dtype == node.ty.dtype)
-        .then_some(x)
+        .then_some((x, op))
+}
+
+/// The `x` of `x + 0.044715 · x³` (the cube as `Pow(x, 3)` or `x · x · x` in either
+/// grouping), every intermediate used only here.
+fn tanh_gelu_inner(g: &Graph, uses: &[usize], inner: ValueId) -> Option<ValueId> {
+    let node = &g.nodes[inner];
+    let (Op::Binary(BinaryOp::Add), &[p, q]) = (&node.op, &node.inputs[..]) else {
+        return None;
+    };
+    let is_cube_of = |c: ValueId, x: ValueId| match (&g.nodes[c].op, &g.nodes[c].inputs[..]) {
+        (Op::Binary(BinaryOp::Pow), &[a, e]) => a == x && scalar(g, e) == Some(3.0),
+        (Op::Binary(BinaryOp::Mul), &[a, b]) => {
+            let square = |v: ValueId| {
+                uses[v] == 1
+                    && g.nodes[v].op == Op::Binary(BinaryOp::Mul)
+                    && g.nodes[v].inputs[..] == [x, x]
+            };
+            (a == x && square(b)) || (b == x && square(a))
+        }
+        _ => false,
+    };
+    [(p, q), (q, p)].into_iter().find_map(|(x, cubic)| {
+        let (cube, a) = scaled(g, cubic)?;
+        let once = uses[inner] == 1 && uses[cubic] == 1 && uses[cube] == 1;
+        (once && (a - 0.044715).abs() <= 1e-6 && is_cube_of(cube, x)).then_some(x)
+    })
 }
 
 /// `m` as the mean of a value over its trailing dims from some axis (a kept-dim sum times
