@@ -7,6 +7,7 @@ mod elementwise;
 mod index;
 mod linalg;
 mod nn;
+mod quant;
 mod reduce;
 mod resize;
 mod shape;
@@ -30,6 +31,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| conv::handler(op))
         .or_else(|| creation::handler(op))
         .or_else(|| resize::handler(op))
+        .or_else(|| quant::handler(op))
 }
 
 /// Ops Ember knows but cannot express with the current IR, with the reason.

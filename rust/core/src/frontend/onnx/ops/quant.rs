@@ -1,0 +1,223 @@
+//! Quantization ops, as ONNX Runtime's quantization tools write them: QDQ models
+//! (`QuantizeLinear` / `DequantizeLinear` pairs around float ops, from `quantize_static`)
+//! and dynamically quantized products (`DynamicQuantizeLinear → MatMulInteger`, from
+//! `quantize_dynamic`). They are translated into the IR's float and integer ops with ONNX's
+//! exact semantics: scaling and rounding in the scale's float type (round half to even,
+//! then saturate to the integer range), integer products accumulated in int32.
+//! Per-tensor and per-axis scales are supported; blocked scales (opset 21 `block_size`) are
+//! not.
+
+use super::{axis, one, Handler};
+use crate::dim::Dim;
+use crate::dtype::{DType, Scalar};
+use crate::error::Result;
+use crate::frontend::builder::Operand;
+use crate::frontend::onnx::node::Node;
+use crate::frontend::onnx::tensor::dtype_from_onnx;
+use crate::frontend::onnx::translate::{Ctx, Val};
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+
+pub fn handler(op: &str) -> Option<Handler> {
+    Some(match op {
+        "QuantizeLinear" => quantize,
+        "DequantizeLinear" => dequantize,
+        "DynamicQuantizeLinear" => dynamic_quantize,
+        "MatMulInteger" => matmul_integer,
+        _ => return None,
+    })
+}
+
+/// The range of an 8-bit quantized type.
+fn range(n: &Node, dtype: DType) -> Result<(f64, f64)> {
+    match dtype {
+        DType::U8 => Ok((0.0, 255.0)),
+        DType::I8 => Ok((-128.0, 127.0)),
+        other => Err(n.unsupported(format!("quantized type {other} (uint8 and int8 are)"))),
+    }
+}
+
+fn reject_blocks(n: &Node) -> Result<()> {
+    if n.int("block_size", 0)? != 0 {
+        return Err(n.unsupported("blocked quantization (block_size > 0)"));
+    }
+    Ok(())
+}
+
+/// `p` (a scale or zero point of `x`) shaped to broadcast against `x`: a scalar (or one
+/// element) as is, a 1-d tensor along `axis` of `x`.
+fn along_axis(ctx: &mut Ctx, n: &Node, p: ValueId, x: ValueId, what: &str) -> Result<ValueId> {
+    let shape = ctx.b.shape(p);
+    let rank = ctx.b.rank(x);
+    match shape.len() {
+        0 => Ok(p),
+        1 if shape[0] == Dim::Const(1) => ctx.b.reshape(p, vec![]),
+        1 => {
+            let a = axis(ctx, n.int("axis", 1)?, rank)?;
+            if ctx.b.shape(x)[a] != shape[0] {
+                return Err(n.err(format!(
+                    "{what} has {} elements but axis {a} of the input has {}",
+                    shape[0],
+                    ctx.b.shape(x)[a]
+                )));
+            }
+            let mut to = vec![Dim::Const(1); rank - a];
+            to[0] = shape[0].clone();
+            ctx.b.reshape(p, to)
+        }
+        _ => Err(n.err(format!("{what} must be a scalar or 1-d (per axis)"))),
+    }
+}
+
+fn bin(ctx: &mut Ctx, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
+    let dtype = ctx.b.dtype(a);
+    ctx.b
+        .binary_in(op, Operand::Tensor(a), Operand::Tensor(b), dtype)
+}
+
+fn constant(ctx: &mut Ctx, v: f64, dtype: DType) -> Result<ValueId> {
+    ctx.b.full(Scalar::Float(v), dtype, vec![])
+}
+
+/// `saturate(round(x / scale) + zero_point)` in the scale's float type, then cast to the
+/// quantized type (whose integers that type holds exactly).
+fn quantize_with(
+    ctx: &mut Ctx,
+    n: &Node,
+    x: ValueId,
+    scale: ValueId,
+    zero: Option<ValueId>,
+    to: DType,
+) -> Result<ValueId> {
+    let float = ctx.b.dtype(scale);
+    let (lo, hi) = range(n, to)?;
+    let x = ctx.b.cast(x, float)?;
+    let scaled = bin(ctx, BinaryOp::Div, x, scale)?;
+    let mut q = ctx.b.unary(UnaryOp::Round, scaled)?;
+    if let Some(z) = zero {
+        let z = ctx.b.cast(z, float)?;
+        q = bin(ctx, BinaryOp::Add, q, z)?;
+    }
+    let (lo, hi) = (constant(ctx, lo, float)?, constant(ctx, hi, float)?);
+    let q = bin(ctx, BinaryOp::Max, q, lo)?;
+    let q = bin(ctx, BinaryOp::Min, q, hi)?;
+    ctx.b.cast(q, to)
+}
+
+fn quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    reject_blocks(n)?;
+    let x = ctx.input(n, 0)?;
+    let scale = ctx.input(n, 1)?;
+    if !ctx.b.dtype(x).is_float() || !ctx.b.dtype(scale).is_float() {
+        return Err(n.err("x and y_scale must be float tensors"));
+    }
+    let zero = ctx.opt_input(n, 2)?;
+    let to = match (zero, n.int("output_dtype", 0)?) {
+        (Some(z), _) => ctx.b.dtype(z),
+        (None, 0) => DType::U8,
+        (None, code) => dtype_from_onnx(i32::try_from(code).unwrap_or(0), &n.name)?,
+    };
+    let scale = along_axis(ctx, n, scale, x, "y_scale")?;
+    let zero = zero
+        .map(|z| along_axis(ctx, n, z, x, "y_zero_point"))
+        .transpose()?;
+    one(quantize_with(ctx, n, x, scale, zero, to)?)
+}
+
+fn dequantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    reject_blocks(n)?;
+    let x = ctx.input(n, 0)?;
+    let scale = ctx.input(n, 1)?;
+    let float = ctx.b.dtype(scale);
+    if !float.is_float() {
+        return Err(n.err("x_scale must be a float tensor"));
+    }
+    match ctx.b.dtype(x) {
+        DType::U8 | DType::I8 | DType::I32 => {}
+        other => return Err(n.unsupported(format!("dequantizing {other}"))),
+    }
+    let scale = along_axis(ctx, n, scale, x, "x_scale")?;
+    let mut v = ctx.b.cast(x, float)?;
+    if let Some(z) = ctx.opt_input(n, 2)? {
+        if ctx.b.dtype(z) != ctx.b.dtype(x) {
+            return Err(n.err("x_zero_point must have x's type"));
+        }
+        let z = along_axis(ctx, n, z, x, "x_zero_point")?;
+        let z = ctx.b.cast(z, float)?;
+        v = bin(ctx, BinaryOp::Sub, v, z)?;
+    }
+    one(bin(ctx, BinaryOp::Mul, v, scale)?)
+}
+
+/// uint8 quantization of x over its own range (widened to include 0): `y_scale = (max(x, 0)
+/// - min(x, 0)) / 255`, `y_zero_point = saturate(round(-min(x, 0) / y_scale))`.
+fn dynamic_quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = ctx.input(n, 0)?;
+    if ctx.b.dtype(x) != DType::F32 {
+        return Err(n.err("x must be float32"));
+    }
+    let axes: Vec<usize> = (0..ctx.b.rank(x)).collect();
+    let reduce = |ctx: &mut Ctx, op: ReduceOp| {
+        ctx.b.op(
+            Op::Reduce {
+                op,
+                axes: axes.clone(),
+                keepdim: false,
+            },
+            &[x],
+        )
+    };
+    let zero = constant(ctx, 0.0, DType::F32)?;
+    let hi = reduce(ctx, ReduceOp::Max)?;
+    let hi = bin(ctx, BinaryOp::Max, hi, zero)?;
+    let lo = reduce(ctx, ReduceOp::Min)?;
+    let lo = bin(ctx, BinaryOp::Min, lo, zero)?;
+    let span = bin(ctx, BinaryOp::Sub, hi, lo)?;
+    let levels = constant(ctx, 255.0, DType::F32)?;
+    let scale = bin(ctx, BinaryOp::Div, span, levels)?;
+    // x all zero: scale 0 would divide by zero; ORT then quantizes to zero point 0 with a
+    // zero scale, which x / 1 (x is 0) gives as well.
+    let is_zero = ctx.b.binary(
+        BinaryOp::Eq,
+        Operand::Tensor(scale),
+        Operand::Scalar(Scalar::Float(0.0)),
+    )?;
+    let one_f = constant(ctx, 1.0, DType::F32)?;
+    let safe = ctx
+        .b
+        .where_(is_zero, Operand::Tensor(one_f), Operand::Tensor(scale))?;
+    let neg_lo = ctx.b.unary(UnaryOp::Neg, lo)?;
+    let zp = quantize_with(ctx, n, neg_lo, safe, None, DType::U8)?;
+    let y = quantize_with(ctx, n, x, safe, Some(zp), DType::U8)?;
+    Ok(vec![Val::of(y), Val::of(scale), Val::of(zp)])
+}
+
+/// `(A - a_zero_point) · (B - b_zero_point)` accumulated in int32 (numpy matmul shapes); a
+/// zero point is a scalar, or per row of A / per column of B.
+fn matmul_integer(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let mut ops = Vec::with_capacity(2);
+    for (k, zk) in [(0, 2), (1, 3)] {
+        let v = ctx.input(n, k)?;
+        let dtype = ctx.b.dtype(v);
+        range(n, dtype)?;
+        let mut v = ctx.b.cast(v, DType::I32)?;
+        if let Some(z) = ctx.opt_input(n, zk)? {
+            if ctx.b.dtype(z) != dtype {
+                return Err(n.err(format!("zero point {zk} must have input {k}'s type")));
+            }
+            let z = ctx.b.cast(z, DType::I32)?;
+            // A's zero point per row: a column vector; B's per column: a row.
+            let z = match (k, ctx.b.shape(z).len()) {
+                (_, 0) => z,
+                (0, 1) => {
+                    let len = ctx.b.shape(z)[0].clone();
+                    ctx.b.reshape(z, vec![len, Dim::Const(1)])?
+                }
+                (_, 1) => z,
+                _ => return Err(n.err(format!("zero point {zk} must be a scalar or 1-d"))),
+            };
+            v = bin(ctx, BinaryOp::Sub, v, z)?;
+        }
+        ops.push(v);
+    }
+    one(ctx.b.matmul(ops[0], ops[1])?)
+}
