@@ -152,3 +152,19 @@ def test_statically_quantized_qdq_model(tmp_path) -> None:
     ops = {n.op_type for n in quantized.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops, ops
     check(quantized, {"x": x}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [256, 257, 4096])
+def test_matmul_integer_is_exact_at_the_extremes(k) -> None:
+    # Every product 255 · -255, summed over k: the largest sums int8/uint8 products reach
+    # (f32 carries them exactly up to k = 256, f64 beyond).
+    a = np.full((3, k), 255, dtype=np.uint8)
+    a[1] = 0
+    b = np.full((k, 4), -128, dtype=np.int8)
+    b[:, 1] = 127
+    inits = {"b": b, "az": np.array(0, np.uint8), "bz": np.array(127, np.int8)}
+    model = single(
+        "MatMulInteger", {"a": a}, initializers=inits, input_names=["a", "b", "az", "bz"]
+    )
+    (y,) = check(model, {"a": a})
+    assert y[0, 0] == -255 * 255 * k

@@ -44,6 +44,18 @@ def test_addmm_and_baddbmm(backend):
     check(fn, [rand(3), rand(4, 5), rand(5, 3), rand(2, 4, 4), rand(2, 4, 4)], backend, **TOL)
 
 
+def test_products_cast_to_another_type(backend):
+    # A product whose only reader is a cast is not computed into the cast's buffer (it was,
+    # and failed: "dot of float32 and float32 into int32").
+    w = rand(6, 5)
+    check(
+        lambda x: ((x @ w * 4).to(torch.int32), (x @ w).double() + 1, (x @ w).to(torch.float16)),
+        [rand(3, 6)],
+        backend,
+        **TOL,
+    )
+
+
 def test_linear_with_and_without_bias(backend):
     w, b = rand(6, 8), rand(6)
     check(lambda x: (F.linear(x, w, b), F.linear(x, w)), [rand(2, 3, 8)], backend, **TOL)

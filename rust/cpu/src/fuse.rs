@@ -129,15 +129,14 @@ impl Fusion {
                         cur = src;
                     }
                     let dtype = g.nodes[cur].ty.dtype;
-                    let in_place = match g.nodes[cur].op {
-                        Op::Dot => dot_in_place(dtype),
-                        // The conv is computed into the root's buffer: same dtype needed.
-                        Op::Conv { .. } => {
-                            crate::kernels::conv::conv_in_place(dtype)
-                                && dtype == g.nodes[root].ty.dtype
-                        }
-                        _ => false,
-                    };
+                    // The head is computed into the root's buffer: same dtype needed (a dot
+                    // cast to another type, e.g. int32, is its own step).
+                    let in_place = dtype == g.nodes[root].ty.dtype
+                        && match g.nodes[cur].op {
+                            Op::Dot => dot_in_place(dtype),
+                            Op::Conv { .. } => crate::kernels::conv::conv_in_place(dtype),
+                            _ => false,
+                        };
                     (in_group && in_place).then_some(Head { dot: cur, leaf })
                 })
             } else {
