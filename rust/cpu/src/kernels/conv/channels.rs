@@ -286,8 +286,12 @@ mod x86 {
             if sums.relu {
                 // max(0, v) keeps v where it is NaN (the second operand wins), and -0.0, as
                 // the unfused `if v < 0 { 0 } else { v }` does.
-                for acc in acc.iter_mut().flatten() {
-                    *acc = _mm512_max_ps(_mm512_setzero_ps(), *acc);
+                // Indexed, not `iter_mut().flatten()`: an iterator over the accumulators
+                // made LLVM keep them in memory, and the whole tile ran 2.5× slower.
+                for r in 0..R {
+                    for h in 0..P {
+                        acc[r][h] = _mm512_max_ps(_mm512_setzero_ps(), acc[r][h]);
+                    }
                 }
             }
             // Transposed store: lane j of acc[r][h] is output position r of channel
