@@ -60,6 +60,17 @@ map_n!(map1, map1_base, map1_avx2, x: A);
 map_n!(map2, map2_base, map2_avx2, x: A, y: B);
 map_n!(map3, map3_base, map3_avx2, x: A, y: B, z: C);
 
+/// The AVX-512 mask of the first `n` of 16 lanes (all 16 for `n ≥ 16`): the lanes a loop's
+/// last, partial vector loads and stores.
+#[inline(always)]
+pub fn first_lanes(n: usize) -> u16 {
+    if n >= 16 {
+        u16::MAX
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
 /// Whether wide SIMD code may be used: false when `EMBER_CPU_SIMD=0` (read once). Every
 /// run-time dispatch (these loops, `sgemm`) asks here, so one switch turns them all off.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -20,6 +20,20 @@ impl B8 {
     }
 }
 
+/// The slice as f32 when `T` is f32 itself (for kernels written for f32 only).
+pub fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+/// `as_f32` of a mutable slice.
+pub fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: T is f32.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
+}
+
 /// A storable element. Every bit pattern is a valid value (buffers start zeroed).
 pub trait Elem:
     Copy + Send + Sync + Default + PartialEq + PartialOrd + std::fmt::Debug + 'static

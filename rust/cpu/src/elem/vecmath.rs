@@ -478,7 +478,7 @@ mod x86_512 {
                 i += 16 * UNROLL;
             }
             while i < n {
-                let mask = ((1u32 << (n - i).min(16)) - 1) as u16;
+                let mask = crate::simd::first_lanes(n - i);
                 let a = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x.add(i)), shift);
                 let v = f(a);
                 _mm512_mask_storeu_ps(out.add(i), mask, v);

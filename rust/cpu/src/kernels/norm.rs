@@ -10,7 +10,7 @@ use super::{axis_last_perm, for_rows, unpermute};
 use crate::arena::Dest;
 use crate::buffer::{Layout, Val, View};
 use crate::elem::vecmath::Fma;
-use crate::elem::{FloatElem, Real};
+use crate::elem::{as_f32, as_f32_mut, FloatElem, Real};
 use crate::error::{CpuError, KResult};
 use crate::simd;
 
@@ -132,19 +132,6 @@ pub(crate) fn softmax_numerators_in_place<T: FloatElem<C = T> + Real>(row: &mut 
         }
         sum_lanes(row, |d| d.load().f64())
     })
-}
-
-/// The slice as f32 when `T` is f32 (for the vector kernels).
-fn as_f32<T: FloatElem>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: T is f32 itself.
-    (T::DTYPE == DType::F32)
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
-}
-
-fn as_f32_mut<T: FloatElem>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: T is f32 itself.
-    (T::DTYPE == DType::F32)
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// Independent accumulators in the row loops: enough to hide add latency and fill vector

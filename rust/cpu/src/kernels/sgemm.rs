@@ -788,8 +788,7 @@ mod x86_512 {
             }
             let mut masks = [0u16; P];
             for (h, mask) in masks.iter_mut().enumerate() {
-                let live = cols.saturating_sub(h * NR).min(NR);
-                *mask = ((1u32 << live) - 1) as u16;
+                *mask = crate::simd::first_lanes(cols.saturating_sub(h * NR));
             }
             for (r, acc) in acc.iter().enumerate() {
                 let row = c.add(r * ldc);

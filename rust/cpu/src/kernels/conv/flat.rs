@@ -398,6 +398,7 @@ struct Steps<'a> {
 mod x86 {
     use super::{Segment, Steps, LANES};
     use crate::kernels::sgemm::MR;
+    use crate::simd::first_lanes;
     use std::arch::x86_64::*;
 
     /// Runs the tile for `rows` (1..=MR) output channels and `v.len()` (1..=4) consecutive
@@ -450,13 +451,10 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn zero(out: &mut [f32]) {
         for o in out.chunks_mut(LANES) {
-            let m = if o.len() >= LANES {
-                !0
-            } else {
-                ((1u32 << o.len()) - 1) as u16
-            };
             // SAFETY: the mask keeps the store inside `o`.
-            unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), m, _mm512_setzero_ps()) };
+            unsafe {
+                _mm512_mask_storeu_ps(o.as_mut_ptr(), first_lanes(o.len()), _mm512_setzero_ps())
+            };
         }
     }
 
@@ -470,22 +468,16 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn every_other(src: &[f32], out: &mut [f32]) {
         let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let lanes = |n: usize| {
-            if n >= LANES {
-                !0
-            } else {
-                ((1u32 << n) - 1) as u16
-            }
-        };
         for (i, o) in out.chunks_mut(LANES).enumerate() {
             let left = src.len() - 2 * i * LANES;
             let p = src.as_ptr().add(2 * i * LANES);
             // SAFETY: the masks keep the loads inside `src`, the store inside `o`.
             unsafe {
-                let lo = _mm512_maskz_loadu_ps(lanes(left), p);
-                let hi = _mm512_maskz_loadu_ps(lanes(left.saturating_sub(LANES)), p.add(LANES));
+                let lo = _mm512_maskz_loadu_ps(first_lanes(left), p);
+                let hi =
+                    _mm512_maskz_loadu_ps(first_lanes(left.saturating_sub(LANES)), p.add(LANES));
                 let v = _mm512_permutex2var_ps(lo, evens, hi);
-                _mm512_mask_storeu_ps(o.as_mut_ptr(), lanes(o.len()), v);
+                _mm512_mask_storeu_ps(o.as_mut_ptr(), first_lanes(o.len()), v);
             }
         }
     }

@@ -364,11 +364,10 @@ fn conv_t<T: GemmElem + Real>(
         }
         relu_done
     };
-    // Whether the epilogue's work is done by the kernel.
-    let done_by = |relu_done: bool| relu_done && relu_in_kernel;
     let chunk = g.og * op;
     if tasks == 1 {
-        if done_by(run(0, y, threads)) {
+        // `run` says whether its kernel did the epilogue's work (the ReLU).
+        if run(0, y, threads) {
             return Ok(());
         }
         return epilogue.map_or(Ok(()), Pass::all);
@@ -376,7 +375,7 @@ fn conv_t<T: GemmElem + Real>(
     // Each task runs the epilogue over its own outputs; the first error is kept.
     let failed = std::sync::Mutex::new(None);
     par::for_chunks_mut(y, chunk, |start, y| {
-        if done_by(run(start / chunk, y, 1)) {
+        if run(start / chunk, y, 1) {
             return;
         }
         if let Some(Err(e)) = epilogue.map(|e| e.range(start, start + y.len())) {

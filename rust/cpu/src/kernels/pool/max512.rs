@@ -9,7 +9,9 @@
 
 use std::arch::x86_64::*;
 
+use super::window_rows;
 use crate::kernels::window::Axis;
+use crate::simd::first_lanes;
 
 const LANES: usize = 16;
 
@@ -25,16 +27,6 @@ pub fn suits(a: &[Axis; 3]) -> bool {
 unsafe fn pick(acc: __m512, v: __m512) -> __m512 {
     let unordered = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(acc, v);
     _mm512_mask_add_ps(_mm512_max_ps(v, acc), unordered, acc, v)
-}
-
-/// Mask of the first `n` (< 16 or more) lanes.
-#[inline(always)]
-fn first_lanes(n: usize) -> __mmask16 {
-    if n >= LANES {
-        !0
-    } else {
-        (1u16 << n) - 1
-    }
 }
 
 /// Max pooling of consecutive planes (`xs`: their inputs, `ys`: their outputs); `taps[i][o]`
@@ -54,21 +46,13 @@ pub unsafe fn max_planes(a: &[Axis; 3], xs: &[f32], ys: &mut [f32], taps: &[Vec<
     let blocks = w.out.div_ceil(LANES);
     let reach = (blocks * LANES) * w.stride + (w.kernel - 1) * w.dilation;
     let mut row = vec![f32::NEG_INFINITY; reach.max(w.pad + w.len)];
-    let mut rows: Vec<*const f32> = Vec::new();
+    let mut starts = Vec::new();
     let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     for (yp, xp) in ys.chunks_mut(op).zip(xs.chunks(ip)) {
         for od in 0..a[0].out {
             for oh in 0..a[1].out {
-                let (ti, tj) = (taps[0][od], taps[1][oh]);
-                rows.clear();
-                for i in ti.0..ti.1 {
-                    let id = od * a[0].stride + i * a[0].dilation - a[0].pad;
-                    for j in tj.0..tj.1 {
-                        let ih = oh * a[1].stride + j * a[1].dilation - a[1].pad;
-                        rows.push(xp[(id * a[1].len + ih) * w.len..][..w.len].as_ptr());
-                    }
-                }
-                reduce_rows(&rows, w.len, row.as_mut_ptr().add(w.pad));
+                window_rows(a, taps, od, oh, &mut starts);
+                reduce_rows(xp, &starts, w.len, row.as_mut_ptr().add(w.pad));
                 let out = yp[(od * a[1].out + oh) * w.out..][..w.out].as_mut_ptr();
                 let src = row.as_ptr();
                 for b in 0..blocks {
@@ -91,16 +75,16 @@ pub unsafe fn max_planes(a: &[Axis; 3], xs: &[f32], ys: &mut [f32], taps: &[Vec<
     }
 }
 
-/// `dst[..n]` = the elementwise max of the `n`-long rows at `rows` (none: -inf), 16 lanes at
-/// a time, the last vector masked so `dst`'s -inf margin after `n` stays.
+/// `dst[..n]` = the elementwise max of the `n`-long rows of `xp` at `starts` (none: -inf),
+/// 16 lanes at a time, the last vector masked so `dst`'s -inf margin after `n` stays.
 #[inline(always)]
-unsafe fn reduce_rows(rows: &[*const f32], n: usize, dst: *mut f32) {
+unsafe fn reduce_rows(xp: &[f32], starts: &[usize], n: usize, dst: *mut f32) {
     let mut i = 0;
     while i < n {
         let m = first_lanes(n - i);
-        let load = |r: *const f32| _mm512_maskz_loadu_ps(m, r.add(i));
-        let acc = match rows.split_first() {
-            Some((&first, rest)) => rest.iter().fold(load(first), |acc, &r| pick(acc, load(r))),
+        let load = |s: usize| _mm512_maskz_loadu_ps(m, xp[s..][..n].as_ptr().add(i));
+        let acc = match starts.split_first() {
+            Some((&first, rest)) => rest.iter().fold(load(first), |acc, &s| pick(acc, load(s))),
             None => _mm512_set1_ps(f32::NEG_INFINITY),
         };
         _mm512_mask_storeu_ps(dst.add(i), m, acc);
