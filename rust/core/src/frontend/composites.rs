@@ -392,24 +392,40 @@ fn rms_norm_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Norm> {
     if !matches!(node.ty.dtype, DType::F32 | DType::F64) {
         return None;
     }
-    if node.op == Op::Binary(BinaryOp::Mul) {
-        let [a, b] = node.inputs[..] else {
-            return None;
-        };
-        for (n, w) in [(a, b), (b, a)] {
-            let Some(norm) = (uses[n] == 1).then(|| normalized(g, uses, n)).flatten() else {
-                continue;
-            };
-            let dims = &g.ty(norm.x).shape[norm.axis..];
-            if let Some(w) = broadcast_weight(g, w, dims, node.ty.dtype) {
-                return Some(Norm {
-                    weight: Some(w),
-                    ..norm
-                });
-            }
-        }
+    let inner = |n| normalized(g, uses, n);
+    match with_param(g, uses, id, BinaryOp::Mul, inner, |n: &Norm| (n.x, n.axis)) {
+        Some((norm, w)) => Some(Norm {
+            weight: Some(w),
+            ..norm
+        }),
+        None => normalized(g, uses, id),
     }
-    normalized(g, uses, id)
+}
+
+/// `v` as `n op c` (either operand) where `n`, used only here, is a norm `inner` finds and
+/// `c` is a parameter of its normalized dims (`normalized_over`: the norm's input and first
+/// normalized axis), broadcast: `(the norm, c)`.
+fn with_param<N>(
+    g: &Graph,
+    uses: &[usize],
+    v: ValueId,
+    op: BinaryOp,
+    inner: impl Fn(ValueId) -> Option<N>,
+    normalized_over: impl Fn(&N) -> (ValueId, usize),
+) -> Option<(N, ValueId)> {
+    let node = &g.nodes[v];
+    let [a, b] = node.inputs[..] else {
+        return None;
+    };
+    if node.op != Op::Binary(op) {
+        return None;
+    }
+    [(a, b), (b, a)].into_iter().find_map(|(n, c)| {
+        let norm = (uses[n] == 1).then(|| inner(n)).flatten()?;
+        let (x, axis) = normalized_over(&norm);
+        let c = broadcast_weight(g, c, &g.ty(x).shape[axis..], node.ty.dtype)?;
+        Some((norm, c))
+    })
 }
 
 /// `v` as `x · rsqrt(mean(x²) + eps)` (either operand; rsqrt also as 1/sqrt) or
@@ -620,48 +636,25 @@ fn layer_norm_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<LayerNorm>
     if !matches!(node.ty.dtype, DType::F32 | DType::F64) {
         return None;
     }
-    // `n + c` or `n · c` for a parameter `c` of the normalized dims, `n` used only here.
-    let with_param = |op: BinaryOp, inner: &dyn Fn(ValueId) -> Option<LayerNorm>| {
-        let [a, b] = node.inputs[..] else {
-            return None;
-        };
-        if node.op != Op::Binary(op) {
-            return None;
-        }
-        [(a, b), (b, a)].into_iter().find_map(|(n, c)| {
-            let norm = (uses[n] == 1).then(|| inner(n)).flatten()?;
-            let dims = &g.ty(norm.x).shape[norm.axis..];
-            broadcast_weight(g, c, dims, node.ty.dtype).map(|c| (norm, c))
-        })
-    };
+    let over = |n: &LayerNorm| (n.x, n.axis);
+    // The normalization, times a weight when there is one.
     let weighted = |v: ValueId| {
-        let node = &g.nodes[v];
-        let [a, b] = node.inputs[..] else {
-            return centered(g, uses, v);
-        };
-        if node.op == Op::Binary(BinaryOp::Mul) {
-            for (n, w) in [(a, b), (b, a)] {
-                let Some(norm) = (uses[n] == 1).then(|| centered(g, uses, n)).flatten() else {
-                    continue;
-                };
-                let dims = &g.ty(norm.x).shape[norm.axis..];
-                if let Some(w) = broadcast_weight(g, w, dims, node.ty.dtype) {
-                    return Some(LayerNorm {
-                        weight: Some(w),
-                        ..norm
-                    });
-                }
-            }
+        let inner = |n| centered(g, uses, n);
+        match with_param(g, uses, v, BinaryOp::Mul, inner, over) {
+            Some((norm, w)) => Some(LayerNorm {
+                weight: Some(w),
+                ..norm
+            }),
+            None => centered(g, uses, v),
         }
-        centered(g, uses, v)
     };
-    if let Some((norm, bias)) = with_param(BinaryOp::Add, &weighted) {
-        return Some(LayerNorm {
+    match with_param(g, uses, id, BinaryOp::Add, weighted, over) {
+        Some((norm, bias)) => Some(LayerNorm {
             bias: Some(bias),
             ..norm
-        });
+        }),
+        None => weighted(id),
     }
-    weighted(id)
 }
 
 /// `v` as the RMS norm of `x - mean(x)` over the same dims, the centered value used only

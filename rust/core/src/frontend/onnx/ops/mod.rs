@@ -14,9 +14,10 @@ mod shape;
 
 use super::node::Node;
 use super::translate::{Ctx, Val};
+use crate::dtype::{DType, Scalar};
 use crate::error::Result;
-use crate::frontend::builder::norm_axis;
-use crate::ir::ValueId;
+use crate::frontend::builder::{norm_axis, Operand};
+use crate::ir::{BinaryOp, ValueId};
 
 /// Translates one node into its output values (one per ONNX output, in order).
 pub type Handler = fn(&mut Ctx, &Node) -> Result<Vec<Val>>;
@@ -50,6 +51,18 @@ pub fn unsupported_reason(op: &str) -> Option<&'static str> {
         }
         _ => return None,
     })
+}
+
+/// `a op b`, computed in `a`'s dtype.
+fn bin(ctx: &mut Ctx, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
+    let dtype = ctx.b.dtype(a);
+    ctx.b
+        .binary_in(op, Operand::Tensor(a), Operand::Tensor(b), dtype)
+}
+
+/// A 0-d float constant.
+fn scalar(ctx: &mut Ctx, v: f64, dtype: DType) -> Result<ValueId> {
+    ctx.b.full(Scalar::Float(v), dtype, vec![])
 }
 
 fn one(id: ValueId) -> Result<Vec<Val>> {

@@ -2,9 +2,9 @@
 //! activations with parameters (LeakyRelu, HardSigmoid, HardSwish, Gelu, Elu, Selu, PRelu,
 //! Clip) and global pooling as reductions.
 
-use super::{axis, one, Handler};
+use super::{axis, bin, one, scalar, Handler};
 use crate::dim::Dim;
-use crate::dtype::{DType, Scalar};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::frontend::builder::Operand;
 use crate::frontend::onnx::node::Node;
@@ -36,16 +36,6 @@ fn float_input(ctx: &mut Ctx, n: &Node, k: usize) -> Result<ValueId> {
         )));
     }
     Ok(x)
-}
-
-fn scalar(ctx: &mut Ctx, v: f64, dtype: DType) -> Result<ValueId> {
-    ctx.b.full(Scalar::Float(v), dtype, vec![])
-}
-
-fn bin(ctx: &mut Ctx, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
-    let dtype = ctx.b.dtype(a);
-    ctx.b
-        .binary_in(op, Operand::Tensor(a), Operand::Tensor(b), dtype)
 }
 
 fn softmax(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {

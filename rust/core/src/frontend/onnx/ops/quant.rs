@@ -7,7 +7,7 @@
 //! Per-tensor and per-axis scales are supported; blocked scales (opset 21 `block_size`) are
 //! not.
 
-use super::{axis, one, Handler};
+use super::{axis, bin, one, scalar, Handler};
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
 use crate::error::Result;
@@ -68,16 +68,6 @@ fn along_axis(ctx: &mut Ctx, n: &Node, p: ValueId, x: ValueId, what: &str) -> Re
     }
 }
 
-fn bin(ctx: &mut Ctx, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
-    let dtype = ctx.b.dtype(a);
-    ctx.b
-        .binary_in(op, Operand::Tensor(a), Operand::Tensor(b), dtype)
-}
-
-fn constant(ctx: &mut Ctx, v: f64, dtype: DType) -> Result<ValueId> {
-    ctx.b.full(Scalar::Float(v), dtype, vec![])
-}
-
 /// `saturate(round(x / scale) + zero_point)` in the scale's float type, then cast to the
 /// quantized type (whose integers that type holds exactly).
 fn quantize_with(
@@ -97,7 +87,7 @@ fn quantize_with(
         let z = ctx.b.cast(z, float)?;
         q = bin(ctx, BinaryOp::Add, q, z)?;
     }
-    let (lo, hi) = (constant(ctx, lo, float)?, constant(ctx, hi, float)?);
+    let (lo, hi) = (scalar(ctx, lo, float)?, scalar(ctx, hi, float)?);
     let q = bin(ctx, BinaryOp::Max, q, lo)?;
     let q = bin(ctx, BinaryOp::Min, q, hi)?;
     ctx.b.cast(q, to)
@@ -166,13 +156,13 @@ fn dynamic_quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             &[x],
         )
     };
-    let zero = constant(ctx, 0.0, DType::F32)?;
+    let zero = scalar(ctx, 0.0, DType::F32)?;
     let hi = reduce(ctx, ReduceOp::Max)?;
     let hi = bin(ctx, BinaryOp::Max, hi, zero)?;
     let lo = reduce(ctx, ReduceOp::Min)?;
     let lo = bin(ctx, BinaryOp::Min, lo, zero)?;
     let span = bin(ctx, BinaryOp::Sub, hi, lo)?;
-    let levels = constant(ctx, 255.0, DType::F32)?;
+    let levels = scalar(ctx, 255.0, DType::F32)?;
     let scale = bin(ctx, BinaryOp::Div, span, levels)?;
     // x all zero: scale 0 would divide by zero; ORT then quantizes to zero point 0 with a
     // zero scale, which x / 1 (x is 0) gives as well.
@@ -181,7 +171,7 @@ fn dynamic_quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         Operand::Tensor(scale),
         Operand::Scalar(Scalar::Float(0.0)),
     )?;
-    let one_f = constant(ctx, 1.0, DType::F32)?;
+    let one_f = scalar(ctx, 1.0, DType::F32)?;
     let safe = ctx
         .b
         .where_(is_zero, Operand::Tensor(one_f), Operand::Tensor(scale))?;
@@ -241,14 +231,11 @@ fn matmul_integer(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         ops.push(v);
     }
     let (a, b) = (ops[0], ops[1]);
-    let (Some(k), Some(size)) = (k, chunk) else {
+    let (Some(k), Some(size)) = (k, chunk.filter(|&s| Some(s) != k)) else {
+        // One product: k ≤ 256 in f32, or any k in f64.
         let product = ctx.b.matmul(a, b)?;
         return one(ctx.b.cast(product, DType::I32)?);
     };
-    if size == k {
-        let product = ctx.b.matmul(a, b)?;
-        return one(ctx.b.cast(product, DType::I32)?);
-    }
     // [.., M, K] → [.., C, M, S] and [K, N] → [C, S, N]: C products of S steps each.
     let count = k / size;
     let (c, s) = (Dim::Const(count), Dim::Const(size));
