@@ -17,8 +17,8 @@ so one program serves every cache length. Ember runs without its measured search
 (``--ember-search 0``): the search verifies against the reference interpreter on the
 host, which takes minutes at this size. ``ember-warp`` / ``ember-thread`` runners force a
 generated product kernel for every product instead of cuBLASLt (what the search would
-weigh). Results print as they come (a run cut short still leaves its rows) and go to
-``--json``.
+weigh); ``ember-simt-attention`` runs prefill attention off the tensor cores. Results
+print as they come (a run cut short still leaves its rows) and go to ``--json``.
 
 ``--tiny --device cpu`` runs a small config on the CPU, to check the script without a GPU.
 """
@@ -43,9 +43,15 @@ BILLION = LlamaConfig(
 )
 TINY = LlamaConfig(vocab=512, dim=128, layers=2, heads=4, kv_heads=2, hidden=256, max_seq=512)
 RUNNERS = ("eager", "inductor", "inductor-ro", "ember", "ember-warp")
-# Ember with a generated product kernel forced for every product cuBLASLt would take
-# (``EMBER_CUDA_PRODUCTS``): what the search would measure, without its minutes at 1B.
-FORCED_PRODUCTS = {"ember-warp": "cuda.warp_dot", "ember-thread": "cuda.thread_dot"}
+# Ember with a kernel choice forced by its environment variable: a generated product kernel
+# for every product cuBLASLt would take (``EMBER_CUDA_PRODUCTS``: what the search would
+# measure, without its minutes at 1B), or prefill attention off the tensor cores
+# (``EMBER_CUDA_MMA_ATTENTION=0``: what the tensor-core kernel gains).
+FORCED = {
+    "ember-warp": ("EMBER_CUDA_PRODUCTS", "cuda.warp_dot"),
+    "ember-thread": ("EMBER_CUDA_PRODUCTS", "cuda.thread_dot"),
+    "ember-simt-attention": ("EMBER_CUDA_MMA_ATTENTION", "0"),
+}
 
 
 class Timer:
@@ -95,31 +101,31 @@ def decode_weight_bytes(model: Llama) -> int:
 def _compiled(fn: torch.nn.Module, label: str, device: str, search: int = 0) -> Callable:
     if label == "eager":
         return fn
-    if label == "ember" or label in FORCED_PRODUCTS:
+    if label == "ember" or label in FORCED:
         options: dict[str, Any] = {"search_iterations": search, "quiet": True}
         compiled = torch.compile(fn, backend="ember", dynamic=True, options=options)
         if label == "ember":
             return compiled
-        return _with_products(compiled, FORCED_PRODUCTS[label])
+        return _with_env(compiled, *FORCED[label])
     mode = "reduce-overhead" if label == "inductor-ro" else None
     return torch.compile(fn, mode=mode, dynamic=True)
 
 
-def _with_products(fn: Callable, kernel: str) -> Callable:
-    """`fn` with ``EMBER_CUDA_PRODUCTS=kernel`` while it runs: Ember reads it whenever it
-    compiles, which happens inside a call (the first, and any recompile torch asks for).
-    Setting it costs about a microsecond a call, inside the timed region."""
+def _with_env(fn: Callable, name: str, value: str) -> Callable:
+    """`fn` with the environment variable `name` set to `value` while it runs: Ember reads
+    it whenever it compiles, which happens inside a call (the first, and any recompile torch
+    asks for). Setting it costs about a microsecond a call, inside the timed region."""
 
     def call(*args: Any) -> Any:
-        before = os.environ.get("EMBER_CUDA_PRODUCTS")
-        os.environ["EMBER_CUDA_PRODUCTS"] = kernel
+        before = os.environ.get(name)
+        os.environ[name] = value
         try:
             return fn(*args)
         finally:
             if before is None:
-                del os.environ["EMBER_CUDA_PRODUCTS"]
+                del os.environ[name]
             else:
-                os.environ["EMBER_CUDA_PRODUCTS"] = before
+                os.environ[name] = before
 
     return call
 
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--runners",
         default=",".join(RUNNERS),
-        help=f"of {', '.join(dict.fromkeys(RUNNERS + tuple(FORCED_PRODUCTS)))}",
+        help=f"of {', '.join(dict.fromkeys(RUNNERS + tuple(FORCED)))}",
     )
     p.add_argument(
         "--ember-search",

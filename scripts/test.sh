@@ -12,7 +12,7 @@ EMBER_CPU_AVX512=0 cargo test -p ember-cpu --lib --release --quiet sgemm
 # The CUDA kernels at the GPU's launch sizes under the thread sanitizer: races between a
 # block's threads (a missing __syncthreads) that the emulator's results alone may hide.
 if [ -n "$(${CXX:-c++} -print-file-name=libtsan.so 2>/dev/null | grep /)" ]; then
-    ./scripts/emu_sanitize.sh thread launch_sizes
+    ./scripts/emu_sanitize.sh thread launch_sizes mma_attention
 fi
 python3 -m ruff check python tests bench
 python3 -m pytest -q -p no:cacheprovider

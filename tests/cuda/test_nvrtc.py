@@ -13,6 +13,7 @@ from ember.export import export_program, save_bytes
 from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, MobileNet, ResNet, llama_cache
 
 PRODUCT_CHOICES = ("cuda.warp_dot", "cuda.thread_dot")
+MMA = "cuda.mma_attention"
 SMALL = LlamaConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64, max_seq=32)
 
 pytestmark = pytest.mark.skipif(not cuda.cuda_built(), reason="built without the CUDA backend")
@@ -43,6 +44,27 @@ def _routing_model(dtype: torch.dtype):
         return torch.nn.functional.grouped_mm(rows, w.to(dtype), offs=ends), x.argsort(dim=0)
 
     return fn
+
+
+def _attention_model(q, k, v, keep, bias):
+    """Prefill attention of grouped-query heads: causal, a boolean and an additive mask."""
+    kg, vg = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return (
+        sdpa(q, kg, vg, is_causal=True),
+        sdpa(q, kg, vg, attn_mask=keep),
+        sdpa(q, kg, vg, attn_mask=bias),
+    )
+
+
+def _attention_args(dtype: torch.dtype) -> list[torch.Tensor]:
+    return [
+        rand(1, 4, 40, 64).to(dtype),
+        rand(1, 2, 45, 64).to(dtype),
+        rand(1, 2, 45, 64).to(dtype),
+        torch.rand(1, 1, 40, 45) > 0.3,
+        rand(1, 1, 40, 45).to(dtype),
+    ]
 
 
 def _models() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
@@ -88,6 +110,10 @@ def _sources() -> dict[str, dict]:
         )
         for dt in (torch.float32, torch.bfloat16)
     ]
+    cases += [
+        (f"attention_{dt}", _Fn(_attention_model), _attention_args(dt))
+        for dt in (torch.float16, torch.bfloat16)
+    ]
     for name, model, args in cases:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
@@ -96,6 +122,9 @@ def _sources() -> dict[str, dict]:
             # The product kernels the optimizer may choose instead of cuBLASLt.
             for choice in PRODUCT_CHOICES:
                 out[f"{name}+{choice}"] = cuda.generated_source(program, choice)
+        if name.startswith("attention"):
+            # Tensor-core attention, the backends' default on sm_80 and newer.
+            out[f"{name}+{MMA}"] = cuda.generated_source(program, MMA)
     return out
 
 
@@ -117,6 +146,9 @@ def test_every_generated_kernel_compiles_with_nvrtc():
     for choice in PRODUCT_CHOICES:
         base, chosen = sources["decode"], sources[f"decode+{choice}"]
         assert chosen["source"] != base["source"], f"{choice} changed nothing"
+    for dt in (torch.float16, torch.bfloat16):
+        mma = sources[f"attention_{dt}+{MMA}"]["source"]
+        assert "mma.sync.aligned.m16n8k16" in mma and "ember_mma_" in mma.split("ember_pack2")[-1]
 
 
 # Launches of one decode layer: rms norm; q, k, v products (cuBLASLt: 3; warp_dot: 1

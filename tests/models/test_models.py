@@ -8,6 +8,8 @@ from ember.models import Block as LlamaBlock
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 SMALL = LlamaConfig(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, hidden=64, max_seq=32)
+# Heads of 16 dims: f16/bf16 attention on CUDA's tensor cores (`cuda.mma_attention`).
+WIDE_HEADS = LlamaConfig(vocab=64, dim=64, layers=2, heads=4, kv_heads=2, hidden=96, max_seq=32)
 
 
 def test_mlp(backend):
@@ -42,14 +44,15 @@ def test_norm_chain(backend):
     check(NormChain(24), [rand(3, 24)], backend, **TOL)
 
 
+@pytest.mark.parametrize("config", [SMALL, WIDE_HEADS], ids=["heads8", "heads16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_llama_in_half_precision_is_as_close_to_f32_as_eager(backend, dtype):
+def test_llama_in_half_precision_is_as_close_to_f32_as_eager(backend, dtype, config):
     """A 16-bit model: Ember's error against the f32 model is no worse than eager's."""
-    reference = Llama(SMALL).eval()
-    model = Llama(SMALL).eval()
+    reference = Llama(config).eval()
+    model = Llama(config).eval()
     model.load_state_dict(reference.state_dict())
     model = model.to(dtype)
-    tokens = torch.randint(0, SMALL.vocab, (2, 9))
+    tokens = torch.randint(0, config.vocab, (2, 9))
     options = {"backend": backend, "fallback": "error"}
     if backend == "cuda":
         reference, model, tokens = reference.cuda(), model.cuda(), tokens.cuda()

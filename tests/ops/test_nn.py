@@ -196,3 +196,32 @@ def test_batch_norm_eval(backend):
     bn.running_mean.uniform_(-1, 1)
     bn.running_var.uniform_(0.5, 2)
     check(bn, [rand(3, 4, 5)], backend, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_half_precision(dtype, backend):
+    """f16/bf16 attention: on CUDA (and its emulator) the tensor-core kernel wherever the
+    head dims are multiples of 16 (queries, keys) and 8 (values) — here with grouped-query
+    heads, causal limits, boolean and additive masks and a fully masked row, over 40 rows
+    (two and a half warps' 16) and 45 keys (a 32-key tile and part of another) — and the
+    other kernels where they are not (head dim 24). Probabilities are rounded to the
+    operands' type before the values' product, as flash attention rounds them."""
+    q = (rand(1, 4, 40, 32) * 2).to(dtype)
+    k, v = rand(1, 2, 45, 32).to(dtype), rand(1, 2, 45, 16).to(dtype)
+    q24, k24 = rand(1, 2, 40, 24).to(dtype), rand(1, 2, 45, 24).to(dtype)
+    keep = torch.rand(1, 1, 40, 45) > 0.3
+    keep[..., 0] = True
+    keep[..., 7, :] = False
+    bias = torch.zeros(1, 1, 40, 45).masked_fill(~keep, float("-inf")).to(dtype)
+
+    def fn(q, k, v, q24, k24):
+        kg, vg = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        return (
+            F.scaled_dot_product_attention(q, kg, vg, is_causal=True),
+            F.scaled_dot_product_attention(q, kg, vg, attn_mask=keep),
+            F.scaled_dot_product_attention(q, kg, vg, attn_mask=bias),
+            F.scaled_dot_product_attention(q24, k24, v),
+        )
+
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    check(fn, [q, k, v, q24, k24], backend, rtol=tol, atol=tol)

@@ -115,6 +115,18 @@ impl Gpu {
         })
     }
 
+    /// Whether the GPU's tensor cores take f16/bf16 `mma.m16n8k16` (sm_80 and newer).
+    pub fn tensor_cores(&self) -> bool {
+        self.arch
+            .strip_prefix("sm_")
+            .and_then(|n| {
+                n.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse::<u32>()
+                    .ok()
+            })
+            .is_some_and(|n| n >= 80)
+    }
+
     pub(crate) fn make_current(&self) -> Result<()> {
         // SAFETY: the context was retained in `open` and is never released.
         unsafe { drv::ctx::set_current(self.ctx) }.map_err(|e| driver_err("context", e))

@@ -20,11 +20,15 @@ pub mod layout;
 pub mod memcheck;
 
 use ember_core::backend::{Backend, Executable, LoweringRule, Weights};
+use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
 use ember_core::Result;
 
 /// The CUDA backend's code run on the host by the emulator (`"cuda-emu"`): a test backend.
 pub struct EmulatedCudaBackend;
+
+/// Which nodes a kernel choice applies to: (op, dtype, rank).
+type Applies = fn(&Op, DType, usize) -> bool;
 
 /// The implementation choices both CUDA backends offer the optimizer (`lower_cuda`): the
 /// generated product kernels beside cuBLASLt, for the dtypes cuBLASLt takes.
@@ -38,18 +42,31 @@ fn cuda_lowering_rules() -> Vec<LoweringRule> {
         .collect()
 }
 
-/// `graph` with the CUDA lowering choice `kernel` taken at every node it applies to: how
+/// Every kernel choice `with_choice` can take: the optimizer's, and the tensor-core
+/// attention the backends take by default (`with_default_kernels`).
+fn choices() -> Vec<(&'static str, Applies)> {
+    let mut all: Vec<(&'static str, Applies)> = cuda_lowering_rules()
+        .into_iter()
+        .filter_map(|r| match r {
+            LoweringRule::Kernel { kernel, applies } => Some((kernel, applies)),
+            _ => None,
+        })
+        .collect();
+    all.push((codegen::KERNEL_MMA_ATTENTION, |op, dtype, _rank| {
+        matches!(op, Op::Attention { .. }) && matches!(dtype, DType::F16 | DType::BF16)
+    }));
+    all
+}
+
+/// `graph` with the CUDA kernel choice `kernel` taken at every node it applies to: how
 /// tests run and compile a choice the optimizer would only take where it measures faster.
 pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
-    let rules = cuda_lowering_rules();
-    let Some(applies) = rules.iter().find_map(|r| match r {
-        LoweringRule::Kernel { kernel: k, applies } if *k == kernel => Some(applies),
-        _ => None,
-    }) else {
+    let all = choices();
+    let Some(&(_, applies)) = all.iter().find(|(k, _)| *k == kernel) else {
+        let names: Vec<&str> = all.iter().map(|(k, _)| *k).collect();
         return Err(ember_core::Error::Input(format!(
-            "the CUDA backend has no kernel choice '{kernel}' (it has {} and {})",
-            codegen::KERNEL_WARP_DOT,
-            codegen::KERNEL_THREAD_DOT
+            "the CUDA backend has no kernel choice '{kernel}' (it has {})",
+            names.join(", ")
         )));
     };
     let mut g = graph.clone();
@@ -64,15 +81,40 @@ pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
     Ok(g)
 }
 
-/// `EMBER_CUDA_PRODUCTS=cuda.warp_dot` (or `cuda.thread_dot`) takes that kernel for every
-/// product the optimizer left to cuBLASLt: to compare a choice on a GPU without the search,
-/// and to run it end to end on the emulator in tests. Unset or empty: the graph as given.
-fn forced_products(graph: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
-    match std::env::var("EMBER_CUDA_PRODUCTS") {
-        Ok(kernel) if !kernel.is_empty() => {
-            Ok(std::borrow::Cow::Owned(with_choice(graph, &kernel)?))
+/// The graph a CUDA backend generates code for: `graph` with the kernels it takes by
+/// default, then those the environment forces.
+///
+/// * Where the GPU has tensor cores for f16/bf16 (`tensor_cores`: sm_80 and newer; the
+///   emulator's shim has them), prefill attention runs on them
+///   (`cuda.mma_attention`) — as every fast attention does, so it is no search candidate;
+///   `EMBER_CUDA_MMA_ATTENTION=0` keeps the other kernels, to compare them on a GPU.
+/// * `EMBER_CUDA_PRODUCTS=cuda.warp_dot` (or `cuda.thread_dot`) takes that kernel for every
+///   product the optimizer left to cuBLASLt: to compare a choice on a GPU without the
+///   search, and to run it end to end on the emulator in tests.
+fn with_default_kernels(graph: &Graph, tensor_cores: bool) -> Result<std::borrow::Cow<'_, Graph>> {
+    let mut g = std::borrow::Cow::Borrowed(graph);
+    let mma_off = std::env::var("EMBER_CUDA_MMA_ATTENTION").is_ok_and(|v| v == "0");
+    if tensor_cores && !mma_off {
+        let wanted: Vec<usize> = (0..graph.nodes.len())
+            .filter(|&id| {
+                matches!(graph.nodes[id].op, Op::Attention { .. })
+                    && codegen::mma_attention_applies(graph, id)
+            })
+            .collect();
+        if !wanted.is_empty() {
+            let owned = g.to_mut();
+            for id in wanted {
+                let base = Box::new(owned.nodes[id].op.clone());
+                owned.nodes[id].op = Op::Kernel {
+                    name: codegen::KERNEL_MMA_ATTENTION.to_string(),
+                    base,
+                };
+            }
         }
-        _ => Ok(std::borrow::Cow::Borrowed(graph)),
+    }
+    match std::env::var("EMBER_CUDA_PRODUCTS") {
+        Ok(kernel) if !kernel.is_empty() => Ok(std::borrow::Cow::Owned(with_choice(&g, &kernel)?)),
+        _ => Ok(g),
     }
 }
 
@@ -86,7 +128,7 @@ impl Backend for EmulatedCudaBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
-        let graph = forced_products(graph)?;
+        let graph = with_default_kernels(graph, true)?;
         let kp = codegen::generate(&graph)?;
         let device = emulate::EmulatedDevice::new(&kp)?;
         Ok(Box::new(exec::Program::new(kp, device, weights)?))
@@ -130,7 +172,7 @@ impl Backend for CudaBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
-        let graph = forced_products(graph)?;
+        let graph = with_default_kernels(graph, self.gpu.tensor_cores())?;
         let kp = codegen::generate(&graph)?;
         let device = device::CudaDevice::new(self.gpu.clone(), &kp, self.allow_tf32)?;
         Ok(Box::new(exec::Program::new(kp, device, weights)?))

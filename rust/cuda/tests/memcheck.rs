@@ -50,7 +50,7 @@ fn error_of(from: &str, to: &str) -> String {
     }
 }
 
-const K0_WRITE: &str = "out[i] = (float)(v4);";
+const K0_WRITE: &str = "out[i] = (float)(v_4);";
 
 #[test]
 fn the_unplanted_program_runs_clean_and_right() {
@@ -64,7 +64,7 @@ fn the_unplanted_program_runs_clean_and_right() {
 
 #[test]
 fn a_write_past_a_values_end_names_the_kernel_and_the_neighbour() {
-    let msg = error_of(K0_WRITE, "out[i + 1] = (float)(v4);");
+    let msg = error_of(K0_WRITE, "out[i + 1] = (float)(v_4);");
     assert!(msg.contains("kernel ember_k0"), "{msg}");
     assert!(msg.contains("outside every live value"), "{msg}");
     assert!(msg.contains("node 'e' (exp)"), "{msg}");
@@ -74,7 +74,7 @@ fn a_write_past_a_values_end_names_the_kernel_and_the_neighbour() {
 fn a_value_read_before_it_is_written_reads_nan_not_zero() {
     // `e`'s last element is never written: its consumers read poison (NaN), as a GPU
     // would read garbage, instead of the zeros of a fresh host buffer.
-    let (a, b) = run_edited(K0_WRITE, "if (i + 1 < n) out[i] = (float)(v4);").unwrap();
+    let (a, b) = run_edited(K0_WRITE, "if (i + 1 < n) out[i] = (float)(v_4);").unwrap();
     assert!(a[..N - 1].iter().all(|v| v.is_finite()));
     assert!(a[N - 1].is_nan() && b[N - 1].is_nan(), "{a:?} {b:?}");
 }
@@ -82,8 +82,8 @@ fn a_value_read_before_it_is_written_reads_nan_not_zero() {
 #[test]
 fn a_write_into_a_live_value_it_only_reads_is_caught() {
     let msg = error_of(
-        "out1[i] = (float)(v5);",
-        "out1[i] = (float)(v5); ((float*)b0)[i] = 0.0f;",
+        "out1[i] = (float)(v_5);",
+        "out1[i] = (float)(v_5); ((float*)b0)[i] = 0.0f;",
     );
     assert!(msg.contains("kernel ember_k1"), "{msg}");
     assert!(
@@ -94,13 +94,13 @@ fn a_write_into_a_live_value_it_only_reads_is_caught() {
 
 #[test]
 fn a_write_into_an_input_is_caught() {
-    let msg = error_of(K0_WRITE, "out[i] = (float)(v4); ((float*)b0)[i] = 1.0f;");
+    let msg = error_of(K0_WRITE, "out[i] = (float)(v_4); ((float*)b0)[i] = 1.0f;");
     assert!(msg.contains("changed input 0"), "{msg}");
 }
 
 #[test]
 fn a_write_past_an_outputs_end_is_caught() {
-    let msg = error_of("out1[i] = (float)(v5);", "out1[i + 2] = (float)(v5);");
+    let msg = error_of("out1[i] = (float)(v_5);", "out1[i + 2] = (float)(v_5);");
     assert!(msg.contains("kernel ember_k1"), "{msg}");
     assert!(
         msg.contains("past the end of a buffer of 32 bytes"),

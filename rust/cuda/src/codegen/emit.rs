@@ -166,7 +166,8 @@ impl<'a> Emitter<'a> {
 
     pub fn fresh(&mut self, prefix: &str) -> String {
         self.counter += 1;
-        format!("{prefix}{}", self.counter)
+        // The underscore keeps the 64th index temporary from being `i64`, the type.
+        format!("{prefix}_{}", self.counter)
     }
 
     pub fn line(&mut self, s: impl AsRef<str>) {

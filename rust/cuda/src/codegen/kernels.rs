@@ -12,8 +12,11 @@ use super::emit::{param_decl, Emitter};
 use super::types::{accumulate_type, storage_type, store};
 use super::{CodegenError, Kernel, Launch, Partials, StepKind};
 
+mod mma_attention;
 mod split_attention;
 mod tiled_attention;
+
+pub use mma_attention::mma_attention_applies;
 mod warp_dot;
 
 const NAME: &str = "@KERNEL@";
@@ -141,7 +144,7 @@ impl AttentionParts {
             scale,
             causal,
             has_mask,
-        } = n.op
+        } = *super::base_op(&n.op)
         else {
             return Err(err(g, id, "not an attention node"));
         };
@@ -321,6 +324,7 @@ impl<'a> Generator<'a> {
             Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
             Op::GroupedDot => self.grouped_dot(id),
             Op::Attention { .. } => self.attention(id),
+            Op::Kernel { base, .. } if matches!(**base, Op::Attention { .. }) => self.attention(id),
             Op::Conv {
                 stride,
                 padding,
@@ -788,6 +792,12 @@ impl<'a> Generator<'a> {
     fn attention(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let p = AttentionParts::of(g, id)?;
+        let chosen = |k: &str| matches!(&g.nodes[id].op, Op::Kernel { name, .. } if name == k);
+        if chosen(super::KERNEL_MMA_ATTENTION) {
+            if let Some(step) = self.mma_attention(id, &p)? {
+                return Ok(step);
+            }
+        }
         if let Some(step) = self.tiled_attention(id, &p)? {
             return Ok(step);
         }

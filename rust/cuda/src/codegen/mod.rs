@@ -175,6 +175,11 @@ impl KernelProgram {
 /// per output element (reads a `[K, N]` weight a row at a time across threads).
 pub const KERNEL_WARP_DOT: &str = "cuda.warp_dot";
 pub const KERNEL_THREAD_DOT: &str = "cuda.thread_dot";
+/// The choice for attention of f16/bf16 (`kernels/mma_attention.rs`): prefill on tensor
+/// cores (sm_80 and newer). Where its shapes do not fit, the other attention kernels run.
+pub const KERNEL_MMA_ATTENTION: &str = "cuda.mma_attention";
+
+pub use kernels::mma_attention_applies;
 
 /// The op a node computes (a kernel choice computes its base op).
 fn base_op(op: &Op) -> &Op {
@@ -233,19 +238,23 @@ fn inlines_compute(op: &Op) -> bool {
 /// Whether `consumer` reads each element of its input `input` only a few times, so that
 /// computing `input` inside it costs less than a launch and a round trip through memory.
 /// Besides the ops that do, a decode step's attention reads its single query row once per
-/// key from cache (broadcast across each warp): the rotary embedding of q is computed
-/// there instead of in a kernel of its own.
+/// key from cache (broadcast across each warp), and the tensor-core prefill kernel reads
+/// each query element once: the rotary embedding of q is computed there instead of in a
+/// kernel of its own.
 fn reads_few_times(g: &Graph, consumer: usize, input: usize) -> bool {
     let c = &g.nodes[consumer];
     if inlines_compute(&c.op) {
         return true;
     }
     let q = &g.nodes[input].ty.shape;
-    matches!(c.op, Op::Attention { .. })
+    let only_query = matches!(base_op(&c.op), Op::Attention { .. })
         && c.inputs[0] == input
-        && !c.inputs[1..].contains(&input)
-        && q.len() >= 2
-        && q[q.len() - 2].as_const() == Some(1)
+        && !c.inputs[1..].contains(&input);
+    let decode = q.len() >= 2 && q[q.len() - 2].as_const() == Some(1);
+    // The tensor-core kernel reads each query element once, into its registers.
+    let mma = matches!(&c.op, Op::Kernel { name, .. } if name == KERNEL_MMA_ATTENTION)
+        && mma_attention_applies(g, consumer);
+    only_query && (decode || mma)
 }
 
 fn dtype_supported(d: DType) -> bool {
@@ -318,8 +327,14 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             return Err(unsupported(g, id, format!("dtype {}", n.ty.dtype)));
         }
         if let Op::Kernel { name, base } = &n.op {
-            let ours = name == KERNEL_WARP_DOT || name == KERNEL_THREAD_DOT;
-            if !ours || **base != Op::Dot {
+            let product = name == KERNEL_WARP_DOT || name == KERNEL_THREAD_DOT;
+            let attention = name == KERNEL_MMA_ATTENTION;
+            let fits = match **base {
+                Op::Dot => product,
+                Op::Attention { .. } => attention,
+                _ => false,
+            };
+            if !fits {
                 return Err(unsupported(
                     g,
                     id,
@@ -562,7 +577,11 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         let dest = dest_of(id, &mut written_outputs);
         let several = match n.op {
             Op::Scatter { .. } => Some(gen.scatter_steps(id)?),
-            Op::Attention { .. } => gen.split_attention_steps(id)?,
+            Op::Attention { .. } | Op::Kernel { .. }
+                if matches!(base_op(&n.op), Op::Attention { .. }) =>
+            {
+                gen.split_attention_steps(id)?
+            }
             _ => None,
         };
         if let Some(kinds) = several {

@@ -274,3 +274,98 @@ template <typename T> struct EmberKahan {
     T sum, c;
     EMBER_MEMBER void add(T x) { T y = x - c; T t = sum + y; c = (t - sum) - y; sum = t; }
 };
+
+// ---- tensor-core tiles: mma.m16n8k16, f16/bf16 operands, f32 accumulators ----
+// D += A·B for one warp: A 16×16, B 16×8, D 16×8, each lane holding its fragments as the
+// PTX ISA lays them out ("Matrix Fragments for mma.m16n8k16"). With g = lane / 4 and
+// t = lane % 4, each 32-bit register holds two 16-bit values, the lower index in the low
+// half:
+//   a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+// Every lane of the warp calls it. The GPU runs one instruction (sm_80 and newer: the CUDA
+// backend offers kernels using it only there). The emulator's lanes exchange their
+// fragments in `slots` (8 words a thread, `EMBER_WARP_SLOTS`) and each computes its four
+// sums: the emulator's results check the kernels against this layout.
+#ifndef EMBER_HOST
+#define EMBER_WARP_SLOTS(name) unsigned* name = 0
+EMBER_DEV void ember_mma_bf16(float* d, const unsigned* a, const unsigned* b, unsigned*) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+EMBER_DEV void ember_mma_f16(float* d, const unsigned* a, const unsigned* b, unsigned*) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+// `combine` over the 4 lanes of a quad (the lanes sharing g: one row of a D fragment),
+// the result in each of them.
+template <typename F>
+EMBER_DEV float ember_quad_reduce(float v, unsigned*, F combine) {
+    v = combine(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return combine(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+#else
+#define EMBER_WARP_SLOTS(name) __shared__ unsigned name[8 * 1024]
+template <typename W>
+static void ember_mma_host(float* d, const unsigned* a, const unsigned* b, unsigned* slots, W widen) {
+    const unsigned t = threadIdx.x, lane = t & 31u, g = lane >> 2, tq = lane & 3u;
+    unsigned* mine = slots + 8 * t;
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    __syncwarp();
+    const unsigned* warp = slots + 8 * (t - lane);
+    auto half = [&](unsigned word, unsigned k) {
+        return widen((unsigned short)((k & 1u) ? word >> 16 : word & 0xffffu));
+    };
+    // The lane and register holding A[r][k] and B[k][n], from the layout above.
+    auto A = [&](unsigned r, unsigned k) {
+        return half(warp[8 * ((r & 7u) * 4 + ((k & 7u) >> 1)) + (r >> 3) + 2 * (k >> 3)], k);
+    };
+    auto B = [&](unsigned k, unsigned n) {
+        return half(warp[8 * (n * 4 + ((k & 7u) >> 1)) + 4 + (k >> 3)], k);
+    };
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned r = g + 8 * (i >> 1), n = 2 * tq + (i & 1u);
+        float s = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+        d[i] += s;
+    }
+    __syncwarp();
+}
+static void ember_mma_bf16(float* d, const unsigned* a, const unsigned* b, unsigned* slots) {
+    ember_mma_host(d, a, b, slots, EmberLoadBf16());
+}
+static void ember_mma_f16(float* d, const unsigned* a, const unsigned* b, unsigned* slots) {
+    ember_mma_host(d, a, b, slots, EmberLoadF16());
+}
+template <typename F>
+static float ember_quad_reduce(float v, unsigned* slots, F combine) {
+    // A thread's own 8 words, as in `ember_mma_host`: warps run at once.
+    const unsigned t = threadIdx.x, q = t & ~3u;
+    slots[8 * t] = ember_f_bits(v);
+    __syncwarp();
+    auto at = [&](unsigned i) { return ember_bits_f(slots[8 * (q + i)]); };
+    const float r = combine(combine(at(0), at(1)), combine(at(2), at(3)));
+    __syncwarp();
+    return r;
+}
+#endif
+// Two 16-bit values in one register, `lo` in the low half.
+EMBER_DEV unsigned ember_pack2(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}

@@ -27,7 +27,7 @@ impl Generator<'_> {
     ) -> Result<Option<Vec<StepKind>>, CodegenError> {
         let g = self.g;
         let qs = &g.nodes[g.nodes[id].inputs[0]].ty.shape;
-        if !matches!(g.nodes[id].op, Op::Attention { .. })
+        if !matches!(super::super::base_op(&g.nodes[id].op), Op::Attention { .. })
             || qs.len() < 2
             || qs[qs.len() - 2].as_const() != Some(1)
         {
