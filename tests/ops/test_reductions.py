@@ -71,6 +71,27 @@ def test_reductions_over_middle_axes(backend):
     check(lambda i, b: (i.sum(dim=1), i.amax(dim=0), b.any(dim=1)), [ints, bools], backend)
 
 
+def test_long_reductions_to_few_outputs(backend):
+    """A reduction of many elements into one or two outputs (a global max, as dynamic
+    quantization takes) is split across threads and folded in vector lanes: NaN anywhere
+    (here in a run's tail) still wins, sums and products stay exact enough, ints and bools
+    too, strided inputs included."""
+    x = rand(100_003, low=-2, high=2)
+    y = rand(2, 70_001)
+    y[1, 69_999] = float("nan")
+    # In f64: eager's f32 product of 50k factors is itself off by ~1e-4.
+    near_one = rand(50_001, low=0.9999, high=1.0001).double()
+    check(
+        lambda x, y, p: (x.amax(), x.amin(), x.sum(), x[::3].mean(), y.amax(dim=1), p.prod()),
+        [x, y, near_one],
+        backend,
+        rtol=1e-5,
+    )
+    ints = rand(90_001, dtype=torch.int32, low=-9, high=9)
+    bools = rand(90_001, dtype=torch.bool)
+    check(lambda i, b: (i.sum(), i.amax(), i.amin(), b.any(), b.all()), [ints, bools], backend)
+
+
 def test_argmax_ties_pick_first(backend):
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
     check(lambda x: (x.argmax(dim=1), x.argmin(dim=1), x.max(dim=1)), [x], backend)

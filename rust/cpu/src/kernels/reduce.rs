@@ -48,30 +48,37 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
         ($T:ty) => {{
             let v = x.view::<$T>()?.permuted(&perm);
             Val::build::<$T>(x.dtype, out_shape, |o| {
-                let nan_max = |a: f64, b: f64| {
-                    if a.is_nan() || b.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.max(b)
-                    }
-                };
-                let nan_min = |a: f64, b: f64| {
-                    if a.is_nan() || b.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.min(b)
-                    }
-                };
+                // NaN-sticky: a NaN `a` stays (no comparison with it holds). (LLVM leaves
+                // these scalar in `fold_run`'s lanes, where a plain `b > a` vectorizes.)
+                let nan_max = |a: f64, b: f64| if b.is_nan() || b > a { b } else { a };
+                let nan_min = |a: f64, b: f64| if b.is_nan() || b < a { b } else { a };
                 let fin = <$T as Elem>::from_f64;
                 match op {
-                    ReduceOp::Sum => fold(&v, keep, o, 0.0, |a, x: $T| a + x.to_f64(), fin),
-                    ReduceOp::Prod => fold(&v, keep, o, 1.0, |a, x: $T| a * x.to_f64(), fin),
+                    ReduceOp::Sum => fold(
+                        &v,
+                        keep,
+                        o,
+                        0.0,
+                        |a, x: $T| a + x.to_f64(),
+                        |a, b| a + b,
+                        fin,
+                    ),
+                    ReduceOp::Prod => fold(
+                        &v,
+                        keep,
+                        o,
+                        1.0,
+                        |a, x: $T| a * x.to_f64(),
+                        |a, b| a * b,
+                        fin,
+                    ),
                     ReduceOp::Max => fold(
                         &v,
                         keep,
                         o,
                         f64::NEG_INFINITY,
                         |a, x: $T| nan_max(a, x.to_f64()),
+                        nan_max,
                         fin,
                     ),
                     _ => fold(
@@ -80,6 +87,7 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
                         o,
                         f64::INFINITY,
                         |a, x: $T| nan_min(a, x.to_f64()),
+                        nan_min,
                         fin,
                     ),
                 }
@@ -101,10 +109,24 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
             let v = x.view::<B8>()?.permuted(&perm);
             Val::build::<B8>(DType::Bool, out_shape, |o| {
                 match op {
-                    ReduceOp::Sum | ReduceOp::Max => {
-                        fold(&v, keep, o, false, |a, x: B8| a | x.get(), B8::new)
-                    }
-                    _ => fold(&v, keep, o, true, |a, x: B8| a & x.get(), B8::new),
+                    ReduceOp::Sum | ReduceOp::Max => fold(
+                        &v,
+                        keep,
+                        o,
+                        false,
+                        |a, x: B8| a | x.get(),
+                        |a, b| a | b,
+                        B8::new,
+                    ),
+                    _ => fold(
+                        &v,
+                        keep,
+                        o,
+                        true,
+                        |a, x: B8| a & x.get(),
+                        |a, b| a & b,
+                        B8::new,
+                    ),
                 }
                 Ok(())
             })
@@ -123,22 +145,59 @@ fn int<T: IntElem>(
     Val::build::<T>(T::DTYPE, out_shape, |o| {
         let id = |a: T| a;
         match op {
-            ReduceOp::Sum => fold(&v, keep, o, T::ZERO, |a: T, x: T| a.wadd(x), id),
-            ReduceOp::Prod => fold(&v, keep, o, T::ONE, |a: T, x: T| a.wmul(x), id),
-            ReduceOp::Max => fold(&v, keep, o, T::MIN, |a: T, x: T| a.max(x), id),
-            _ => fold(&v, keep, o, T::MAX, |a: T, x: T| a.min(x), id),
+            ReduceOp::Sum => fold(
+                &v,
+                keep,
+                o,
+                T::ZERO,
+                |a: T, x: T| a.wadd(x),
+                |a: T, b| a.wadd(b),
+                id,
+            ),
+            ReduceOp::Prod => fold(
+                &v,
+                keep,
+                o,
+                T::ONE,
+                |a: T, x: T| a.wmul(x),
+                |a: T, b| a.wmul(b),
+                id,
+            ),
+            ReduceOp::Max => fold(
+                &v,
+                keep,
+                o,
+                T::MIN,
+                |a: T, x: T| a.max(x),
+                |a: T, b| a.max(b),
+                id,
+            ),
+            _ => fold(
+                &v,
+                keep,
+                o,
+                T::MAX,
+                |a: T, x: T| a.min(x),
+                |a: T, b| a.min(b),
+                id,
+            ),
         }
         Ok(())
     })
 }
 
-/// Folds the trailing dims of `v` (from `keep` on) into each output element.
+/// Folds the trailing dims of `v` (from `keep` on) into each output element. `combine`
+/// merges two accumulators (of disjoint parts, in order): a contiguous run is folded into
+/// independent lanes (which vectorize) merged at its end, and a few outputs over long
+/// reductions (a global maximum) split each reduction across threads.
+#[allow(clippy::too_many_arguments)]
 fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
     v: &View<T>,
     keep: usize,
     out: &mut [R],
     init: A,
     step: impl Fn(A, T) -> A + Sync,
+    combine: impl Fn(A, A) -> A + Sync,
     finish: impl Fn(A) -> R + Sync,
 ) {
     if keep > 0 && v.strides[keep - 1] == 1 && v.shape[keep - 1] >= MIN_COLUMNS {
@@ -148,33 +207,70 @@ fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
     let (rshape, rst) = coalesce(&v.shape[keep..], [&v.strides[keep..]]);
     let n_red: usize = rshape.iter().product();
     let inner = rst[0].last().copied().unwrap_or(1);
-    let one = |base: isize| {
+    // Elements `start..end` (in reduction order) of the output at `base`.
+    let range = |base: isize, start: usize, end: usize| {
         let mut acc = init;
-        for_runs(&rshape, &rst, 0, n_red, |_, [off], len| {
+        for_runs(&rshape, &rst, start, end, |_, [off], len| {
             if inner == 1 {
-                for &x in v.run(base + off, len) {
-                    acc = step(acc, x);
-                }
+                acc = fold_run(acc, v.run(base + off, len), init, &step, &combine);
             } else {
                 for j in 0..len as isize {
                     acc = step(acc, v.at(base + off + j * inner));
                 }
             }
         });
-        finish(acc)
+        acc
     };
-    if out.len().saturating_mul(n_red.max(1)) >= PAR_MIN {
-        let per = (out.len() / (par::threads() * 4)).max(1);
+    let threads = par::threads();
+    if out.len() < threads && n_red >= PAR_MIN {
+        let parts = threads * 4;
+        let per = n_red.div_ceil(parts);
+        for (o, b) in out.iter_mut().zip(&bases) {
+            let mut partial = vec![init; parts];
+            par::for_chunks_mut(&mut partial, 1, |p, slot| {
+                slot[0] = range(b[0], (p * per).min(n_red), ((p + 1) * per).min(n_red));
+            });
+            *o = finish(partial.into_iter().fold(init, &combine));
+        }
+    } else if out.len().saturating_mul(n_red.max(1)) >= PAR_MIN {
+        let per = (out.len() / (threads * 4)).max(1);
         par::for_chunks_mut(out, per, |start, o| {
             for (o, b) in o.iter_mut().zip(&bases[start..]) {
-                *o = one(b[0]);
+                *o = finish(range(b[0], 0, n_red));
             }
         });
     } else {
         for (o, b) in out.iter_mut().zip(&bases) {
-            *o = one(b[0]);
+            *o = finish(range(b[0], 0, n_red));
         }
     }
+}
+
+/// `acc` folded with a contiguous run: in `LANES` independent accumulators (no chain of
+/// dependent steps, so the loop vectorizes, for AVX2 where the CPU has it), merged in
+/// order at the end.
+fn fold_run<T: Copy, A: Copy>(
+    acc: A,
+    run: &[T],
+    init: A,
+    step: &impl Fn(A, T) -> A,
+    combine: &impl Fn(A, A) -> A,
+) -> A {
+    const LANES: usize = 8;
+    if run.len() < 2 * LANES {
+        return run.iter().fold(acc, |a, &x| step(a, x));
+    }
+    crate::simd::wide(|| {
+        let mut lanes = [init; LANES];
+        let mut chunks = run.chunks_exact(LANES);
+        for c in &mut chunks {
+            for j in 0..LANES {
+                lanes[j] = step(lanes[j], c[j]);
+            }
+        }
+        let tail = chunks.remainder().iter().fold(init, |a, &x| step(a, x));
+        combine(lanes.into_iter().fold(acc, combine), tail)
+    })
 }
 
 /// A kept innermost dim at least this long is reduced a row of outputs at a time.
@@ -360,4 +456,30 @@ fn sort_rows<T: Copy + Send + Sync, K: PartialOrd + Copy>(
             *d = src as i64;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cargo test -p ember-cpu --release --lib -- --ignored reduce_speed --nocapture`
+    #[test]
+    #[ignore]
+    fn reduce_speed() {
+        let n = 1 << 20;
+        let x = Val::build::<f32>(DType::F32, &[n], |o| {
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = (i % 1000) as f32;
+            }
+            Ok(())
+        })
+        .unwrap();
+        for op in [ReduceOp::Max, ReduceOp::Sum] {
+            let t = std::time::Instant::now();
+            for _ in 0..100 {
+                reduce(op, &[0], &x, &[]).unwrap();
+            }
+            println!("{op:?}: {:.0} us", t.elapsed().as_secs_f64() * 1e4);
+        }
+    }
 }
