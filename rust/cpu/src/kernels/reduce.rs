@@ -143,44 +143,17 @@ fn int<T: IntElem>(
 ) -> KResult<Val> {
     let v = x.view::<T>()?.permuted(perm);
     Val::build::<T>(T::DTYPE, out_shape, |o| {
-        let id = |a: T| a;
+        // The accumulator is the element type: one function (inlined) steps and combines.
+        macro_rules! by {
+            ($init:expr, $f:expr) => {
+                fold(&v, keep, o, $init, $f, $f, |a| a)
+            };
+        }
         match op {
-            ReduceOp::Sum => fold(
-                &v,
-                keep,
-                o,
-                T::ZERO,
-                |a: T, x: T| a.wadd(x),
-                |a: T, b| a.wadd(b),
-                id,
-            ),
-            ReduceOp::Prod => fold(
-                &v,
-                keep,
-                o,
-                T::ONE,
-                |a: T, x: T| a.wmul(x),
-                |a: T, b| a.wmul(b),
-                id,
-            ),
-            ReduceOp::Max => fold(
-                &v,
-                keep,
-                o,
-                T::MIN,
-                |a: T, x: T| a.max(x),
-                |a: T, b| a.max(b),
-                id,
-            ),
-            _ => fold(
-                &v,
-                keep,
-                o,
-                T::MAX,
-                |a: T, x: T| a.min(x),
-                |a: T, b| a.min(b),
-                id,
-            ),
+            ReduceOp::Sum => by!(T::ZERO, |a: T, b: T| a.wadd(b)),
+            ReduceOp::Prod => by!(T::ONE, |a: T, b: T| a.wmul(b)),
+            ReduceOp::Max => by!(T::MIN, |a: T, b: T| a.max(b)),
+            _ => by!(T::MAX, |a: T, b: T| a.min(b)),
         }
         Ok(())
     })

@@ -289,27 +289,21 @@ template <typename T> struct EmberKahan {
 // sums: the emulator's results check the kernels against this layout.
 #ifndef EMBER_HOST
 #define EMBER_WARP_SLOTS(name) unsigned* name = 0
-EMBER_DEV void ember_mma_bf16(float* d, const unsigned* a, const unsigned* b, unsigned*) {
+// `d += a·b` by one instruction, the operands of 16-bit type `T` (bf16 or f16).
 #if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#define EMBER_MMA_16816(T)                                                      \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." #T "." #T ".f32 "     \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"        \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 #else
-    __trap();
+#define EMBER_MMA_16816(T) __trap()
 #endif
+EMBER_DEV void ember_mma_bf16(float* d, const unsigned* a, const unsigned* b, unsigned*) {
+    EMBER_MMA_16816(bf16);
 }
 EMBER_DEV void ember_mma_f16(float* d, const unsigned* a, const unsigned* b, unsigned*) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();
-#endif
+    EMBER_MMA_16816(f16);
 }
 // `combine` over the 4 lanes of a quad (the lanes sharing g: one row of a D fragment),
 // the result in each of them.

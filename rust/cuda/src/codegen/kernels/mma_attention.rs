@@ -123,7 +123,6 @@ impl Generator<'_> {
         ));
         e.line(format!("float o[{vtiles}][4];"));
         e.line("#pragma unroll");
-        e.line("#pragma unroll");
         e.line(format!(
             "for (int nv = 0; nv < {vtiles}; ++nv) for (int f = 0; f < 4; ++f) o[nv][f] = 0.0f;"
         ));
@@ -259,7 +258,6 @@ impl Generator<'_> {
         e.line(
             "for (int h = 0; h < 2; ++h) lsum[h] = ember_quad_reduce(lsum[h], slots, EmberSum());",
         );
-        e.line("#pragma unroll");
         e.line("#pragma unroll");
         e.open(format!(
             "for (int nv = 0; nv < {vtiles}; ++nv) for (int f = 0; f < 4; ++f)"
