@@ -276,8 +276,20 @@ impl Generator<'_> {
         e.close();
         e.close();
         let body = Body::of(e, true);
-        // A warp per 16 rows: 2 threads a row.
-        let threads = Dim::binary(DimOp::Mul, numel(p.row_dims()), Dim::Const(2));
+        // A full block (WARPS warps) per tile of WARPS × 16 rows of each (batch, head): on
+        // the GPU a block for every tile however few rows (9 rows of 32 heads: 32 blocks).
+        let rows_per_block = WARPS * 16;
+        let tiles = Dim::binary(
+            DimOp::FloorDiv,
+            Dim::binary(
+                DimOp::Add,
+                p.qs[r - 2].clone(),
+                Dim::Const(rows_per_block - 1),
+            ),
+            Dim::Const(rows_per_block),
+        );
+        let blocks = Dim::binary(DimOp::Mul, numel(batch), tiles);
+        let threads = Dim::binary(DimOp::Mul, blocks, Dim::Const(WARPS * 32));
         Ok(Some(self.add(id, body, Launch::Elements(threads))))
     }
 }
