@@ -52,10 +52,13 @@ fn choices() -> Vec<(&'static str, Applies)> {
             _ => None,
         })
         .collect();
-    all.push((codegen::KERNEL_MMA_ATTENTION, |op, dtype, _rank| {
-        matches!(op, Op::Attention { .. }) && matches!(dtype, DType::F16 | DType::BF16)
-    }));
+    all.push((codegen::KERNEL_MMA_ATTENTION, half_attention));
     all
+}
+
+/// Attention in f16/bf16: what the tensor-core kernel may compute.
+fn half_attention(op: &Op, dtype: DType, _rank: usize) -> bool {
+    matches!(op, Op::Attention { .. }) && matches!(dtype, DType::F16 | DType::BF16)
 }
 
 /// `graph` with the CUDA kernel choice `kernel` taken at every node it applies to: how
@@ -94,23 +97,14 @@ pub fn with_choice(graph: &Graph, kernel: &str) -> Result<Graph> {
 fn with_default_kernels(graph: &Graph, tensor_cores: bool) -> Result<std::borrow::Cow<'_, Graph>> {
     let mut g = std::borrow::Cow::Borrowed(graph);
     let mma_off = std::env::var("EMBER_CUDA_MMA_ATTENTION").is_ok_and(|v| v == "0");
-    if tensor_cores && !mma_off {
-        let wanted: Vec<usize> = (0..graph.nodes.len())
-            .filter(|&id| {
-                matches!(graph.nodes[id].op, Op::Attention { .. })
-                    && codegen::mma_attention_applies(graph, id)
-            })
-            .collect();
-        if !wanted.is_empty() {
-            let owned = g.to_mut();
-            for id in wanted {
-                let base = Box::new(owned.nodes[id].op.clone());
-                owned.nodes[id].op = Op::Kernel {
-                    name: codegen::KERNEL_MMA_ATTENTION.to_string(),
-                    base,
-                };
-            }
-        }
+    let any = graph
+        .nodes
+        .iter()
+        .any(|n| half_attention(&n.op, n.ty.dtype, n.ty.rank()));
+    if tensor_cores && !mma_off && any {
+        // Where its shapes do not fit (a decode step, odd head dims) the generator takes
+        // the other attention kernels.
+        g = std::borrow::Cow::Owned(with_choice(graph, codegen::KERNEL_MMA_ATTENTION)?);
     }
     match std::env::var("EMBER_CUDA_PRODUCTS") {
         Ok(kernel) if !kernel.is_empty() => Ok(std::borrow::Cow::Owned(with_choice(&g, &kernel)?)),
