@@ -98,6 +98,17 @@ pub fn wrap_int(dtype: DType, x: i64) -> i64 {
     }
 }
 
+/// A float converted to an integer dtype (the IR's `Cast`): truncated toward zero,
+/// saturated to int64's range for int64 and to int32's for the narrower types (NaN → 0),
+/// then wrapped to the type. Within int32's range that is C's conversion; beyond it C's is
+/// undefined, and int32 saturation is what vector conversions do cheaply.
+pub fn float_to_int(dtype: DType, x: f64) -> i64 {
+    match dtype {
+        DType::I64 => x as i64,
+        _ => wrap_int(dtype, i64::from(x as i32)),
+    }
+}
+
 /// An integer converted to a float dtype (through f32 for the narrow types, as torch does).
 fn int_to_float(dtype: DType, x: i64) -> f64 {
     match dtype {
@@ -181,7 +192,7 @@ impl Value {
             (Kind::Bool, Data::F(v)) => Data::I(v.into_iter().map(|x| (x != 0.0) as i64).collect()),
             (Kind::Bool, Data::I(v)) => Data::I(v.into_iter().map(|x| (x != 0) as i64).collect()),
             (Kind::Int, Data::F(v)) => {
-                Data::I(v.into_iter().map(|x| wrap_int(dtype, x as i64)).collect())
+                Data::I(v.into_iter().map(|x| float_to_int(dtype, x)).collect())
             }
             (Kind::Int, Data::I(v)) => {
                 if dtype == DType::I64 {

@@ -308,6 +308,9 @@ pub enum Op {
     Binary(BinaryOp),
     /// `where(cond, a, b)`: cond is bool; a, b share the output dtype and shape.
     Where,
+    /// Elementwise conversion. Float → integer truncates toward zero, saturates to int64's
+    /// range for int64 and to int32's for the narrower types (NaN → 0), then wraps to the
+    /// type; integer → integer wraps; anything → bool is `!= 0`.
     Cast {
         to: DType,
     },
@@ -319,6 +322,10 @@ pub enum Op {
     },
     /// Batched contraction: `[B.., M, K] x [B.., K, N] -> [B.., M, N]`, equal batch dims.
     Dot,
+    /// `Dot` of 8-bit integers (uint8 or int8, each operand either) into int32, every
+    /// product and sum exact (wrapping past the int32 range, as int32 accumulation does):
+    /// the core of quantized matrix products (ONNX `MatMulInteger`, QDQ `MatMul`).
+    IntegerDot,
     /// Same elements, new shape (element count preserved).
     Reshape {
         shape: Vec<Dim>,
@@ -451,6 +458,7 @@ impl Op {
             Op::Cast { .. } => "cast".into(),
             Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
             Op::Dot => "dot".into(),
+            Op::IntegerDot => "integer_dot".into(),
             Op::Reshape { .. } => "reshape".into(),
             Op::Permute { .. } => "permute".into(),
             Op::Expand { .. } => "expand".into(),

@@ -24,7 +24,6 @@ pub trait Real:
 {
     const ZERO: Self;
     const ONE: Self;
-    const NAN: Self;
     const INF: Self;
     fn of(v: f64) -> Self;
     fn f64(self) -> f64;
@@ -58,7 +57,6 @@ macro_rules! real {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
-            const NAN: Self = $t::NAN;
             const INF: Self = $t::INFINITY;
             #[inline]
             fn of(v: f64) -> Self {

@@ -50,11 +50,38 @@ pub trait Elem:
     /// The IR's `Cast` from another element type.
     #[inline]
     fn cast_from<S: Elem>(s: S) -> Self {
+        if S::DTYPE == DType::F32 && !Self::IS_FLOAT && Self::DTYPE != DType::Bool {
+            // SAFETY: S is f32 (its dtype says so).
+            let v: f32 = unsafe { std::mem::transmute_copy(&s) };
+            // Straight from f32, the same value as through f64.
+            return match Self::DTYPE {
+                DType::I64 => Self::from_i64(v as i64),
+                _ => Self::from_i64(i64::from(saturate_to_i32(v))),
+            };
+        }
         if S::IS_FLOAT || Self::IS_FLOAT {
             Self::from_f64(s.to_f64())
         } else {
             Self::from_i64(s.to_i64())
         }
+    }
+}
+
+/// `v as i32` (truncated, saturated, NaN → 0) in selects around an unchecked conversion,
+/// which the vectorizer keeps: Rust's saturating `as` made casts to integers 3–10× slower.
+#[inline(always)]
+pub fn saturate_to_i32(v: f32) -> i32 {
+    const LOW: f32 = -2_147_483_648.0; // -2³¹
+    const HIGH: f32 = 2_147_483_520.0; // the largest f32 below 2³¹
+    let c = if v > LOW { v } else { LOW };
+    let c = if c < HIGH { c } else { HIGH };
+    // SAFETY: c is finite (NaN went to LOW) and inside i32's range.
+    let i = unsafe { c.to_int_unchecked::<i32>() };
+    let i = if v >= 2_147_483_648.0 { i32::MAX } else { i };
+    if v.is_nan() {
+        0
+    } else {
+        i
     }
 }
 
@@ -94,7 +121,12 @@ macro_rules! int_elem {
             }
             #[inline]
             fn from_f64(v: f64) -> Self {
-                v as i64 as $t
+                // Truncated and saturated to int32 (int64 for int64), then wrapped: the
+                // IR's float → integer `Cast`.
+                match DType::$d {
+                    DType::I64 => v as i64 as $t,
+                    _ => v as i32 as $t,
+                }
             }
             #[inline]
             fn from_i64(v: i64) -> Self {
@@ -257,4 +289,34 @@ macro_rules! with_size {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saturate_to_i32_is_rusts_cast() {
+        let edges = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            3e9,
+            -3e9,
+            2_147_483_520.0,
+            2_147_483_648.0,
+            -2_147_483_648.0,
+            1.9,
+            -1.9,
+            0.0,
+            -0.0,
+            255.5,
+            -0.7,
+            1e20,
+            -1e20,
+        ];
+        for v in edges {
+            assert_eq!(saturate_to_i32(v), v as i32, "{v}");
+        }
+    }
 }

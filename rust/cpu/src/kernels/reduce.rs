@@ -7,7 +7,7 @@ use ember_core::ir::ReduceOp;
 
 use super::{axis_last_perm, for_rows, unpermute};
 use crate::buffer::{Val, View};
-use crate::elem::{Elem, IntElem, B8};
+use crate::elem::{Elem, FloatElem, IntElem, B8};
 use crate::error::{CpuError, KResult};
 use crate::par;
 use crate::strided::{batch_offsets, coalesce, for_runs, PAR_MIN};
@@ -44,15 +44,34 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
             })
         });
     }
+    // Sums and products accumulate in f64; max and min are exact in any type that holds
+    // the values, so they stay in `$A`, the compute type (f32 but for f64): twice the
+    // lanes a vector, and no conversions.
     macro_rules! float {
-        ($T:ty) => {{
+        ($T:ty, $A:ty) => {{
             let v = x.view::<$T>()?.permuted(&perm);
             Val::build::<$T>(x.dtype, out_shape, |o| {
-                // NaN-sticky: a NaN `a` stays (no comparison with it holds). (LLVM leaves
-                // these scalar in `fold_run`'s lanes, where a plain `b > a` vectorizes.)
-                let nan_max = |a: f64, b: f64| if b.is_nan() || b > a { b } else { a };
-                let nan_min = |a: f64, b: f64| if b.is_nan() || b < a { b } else { a };
+                // NaN-sticky: a NaN `a` stays (no comparison with it holds), a NaN `b` makes
+                // the NaN constant. Written as two selects with a constant, the lanes of
+                // `fold_run` vectorize; `b.is_nan() || b > a` stayed scalar (3× slower).
+                let nan_max = |a: $A, b: $A| {
+                    let m = if b > a { b } else { a };
+                    if b.is_nan() {
+                        <$A>::NAN
+                    } else {
+                        m
+                    }
+                };
+                let nan_min = |a: $A, b: $A| {
+                    let m = if b < a { b } else { a };
+                    if b.is_nan() {
+                        <$A>::NAN
+                    } else {
+                        m
+                    }
+                };
                 let fin = <$T as Elem>::from_f64;
+                let fin_a = |a: $A| <$T as Elem>::from_f64(a as f64);
                 match op {
                     ReduceOp::Sum => fold(
                         &v,
@@ -76,19 +95,19 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
                         &v,
                         keep,
                         o,
-                        f64::NEG_INFINITY,
-                        |a, x: $T| nan_max(a, x.to_f64()),
+                        <$A>::NEG_INFINITY,
+                        |a, x: $T| nan_max(a, x.load()),
                         nan_max,
-                        fin,
+                        fin_a,
                     ),
                     _ => fold(
                         &v,
                         keep,
                         o,
-                        f64::INFINITY,
-                        |a, x: $T| nan_min(a, x.to_f64()),
+                        <$A>::INFINITY,
+                        |a, x: $T| nan_min(a, x.load()),
                         nan_min,
-                        fin,
+                        fin_a,
                     ),
                 }
                 Ok(())
@@ -96,10 +115,10 @@ pub fn reduce(op: ReduceOp, axes: &[usize], x: &Val, out_shape: &[usize]) -> KRe
         }};
     }
     match x.dtype {
-        DType::F16 => float!(half::f16),
-        DType::BF16 => float!(half::bf16),
-        DType::F32 => float!(f32),
-        DType::F64 => float!(f64),
+        DType::F16 => float!(half::f16, f32),
+        DType::BF16 => float!(half::bf16, f32),
+        DType::F32 => float!(f32, f32),
+        DType::F64 => float!(f64, f64),
         DType::U8 => int::<u8>(op, x, &perm, keep, out_shape),
         DType::I8 => int::<i8>(op, x, &perm, keep, out_shape),
         DType::I16 => int::<i16>(op, x, &perm, keep, out_shape),
@@ -219,9 +238,10 @@ fn fold<T: Copy + Sync, A: Copy + Send + Sync, R: Send>(
     }
 }
 
-/// `acc` folded with a contiguous run: in `LANES` independent accumulators (no chain of
-/// dependent steps, so the loop vectorizes, for AVX2 where the CPU has it), merged in
-/// order at the end.
+/// `acc` folded with a contiguous run: in independent accumulators (no chain of dependent
+/// steps, so the loop vectorizes, for AVX2 where the CPU has it), merged in order at the
+/// end. Four AVX2 registers of them hide a step's latency (a NaN-sticky max is two
+/// compares and two blends deep): 32 lanes of 4 bytes, 16 of 8.
 fn fold_run<T: Copy, A: Copy>(
     acc: A,
     run: &[T],
@@ -229,7 +249,19 @@ fn fold_run<T: Copy, A: Copy>(
     step: &impl Fn(A, T) -> A,
     combine: &impl Fn(A, A) -> A,
 ) -> A {
-    const LANES: usize = 8;
+    match std::mem::size_of::<A>() {
+        ..=4 => fold_lanes::<32, T, A>(acc, run, init, step, combine),
+        _ => fold_lanes::<16, T, A>(acc, run, init, step, combine),
+    }
+}
+
+fn fold_lanes<const LANES: usize, T: Copy, A: Copy>(
+    acc: A,
+    run: &[T],
+    init: A,
+    step: &impl Fn(A, T) -> A,
+    combine: &impl Fn(A, A) -> A,
+) -> A {
     if run.len() < 2 * LANES {
         return run.iter().fold(acc, |a, &x| step(a, x));
     }

@@ -604,7 +604,9 @@ pub fn cast_expr(from: DType, to: DType, x: &str) -> String {
     let ct = compute_type(to);
     match (from.kind(), to.kind()) {
         (_, Kind::Bool) => format!("({x} != 0)"),
-        (Kind::Float, Kind::Int) => format!("({ct})(i64)({x})"),
+        // Saturated to int32 (int64 for int64), as the IR's `Cast` says.
+        (Kind::Float, Kind::Int) if to == DType::I64 => format!("({ct})(i64)({x})"),
+        (Kind::Float, Kind::Int) => format!("({ct})(int)({x})"),
         _ => match to {
             DType::F16 => format!("ember_h2f(ember_f2h((float)({x})))"),
             DType::BF16 => format!("ember_b2f(ember_f2b((float)({x})))"),
