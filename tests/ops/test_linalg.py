@@ -56,6 +56,21 @@ def test_products_cast_to_another_type(backend):
     )
 
 
+def test_int8_products(backend):
+    # torch._int_mm: int8 × int8 summed exactly into int32 (`integer_dot`), with a weight
+    # (prepared at compile time) and with a computed right operand, then a float epilogue.
+    # Shapes CUDA's eager `_int_mm` accepts (M > 16, K and N multiples of 8).
+    def i8(*shape: int) -> torch.Tensor:
+        return rand(*shape, dtype=torch.int8, low=-128, high=127)
+
+    w = i8(72, 24)
+
+    def fn(a, b):
+        return torch._int_mm(a, b), torch._int_mm(a, w).float() * 0.5 + 1
+
+    check(fn, [i8(32, 72), i8(72, 40)], backend, new_inputs=[i8(32, 72), i8(72, 40)])
+
+
 def test_linear_with_and_without_bias(backend):
     w, b = rand(6, 8), rand(6)
     check(lambda x: (F.linear(x, w, b), F.linear(x, w)), [rand(2, 3, 8)], backend, **TOL)

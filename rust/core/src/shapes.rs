@@ -101,7 +101,7 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
         // A malformed (unverified) graph must give an error here, never an index panic.
         let op = node.op.semantics();
         let arity_ok = match op {
-            Op::Binary(_) | Op::Dot => ins.len() == 2,
+            Op::Binary(_) | Op::Dot | Op::IntegerDot => ins.len() == 2,
             Op::Where => ins.len() == 3,
             Op::Reshape { .. } | Op::Expand { .. } | Op::Slice { .. } => ins.len() == 1,
             _ => true,
@@ -114,7 +114,7 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
                     ins[0].iter().product::<usize>() == out.iter().product::<usize>()
                 }
                 Op::Expand { .. } => ins[0].iter().zip(out).all(|(&a, &b)| a == b || a == 1),
-                Op::Dot => {
+                Op::Dot | Op::IntegerDot => {
                     let r = out.len();
                     r >= 2
                         && ins[0].len() == r

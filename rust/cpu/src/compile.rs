@@ -14,6 +14,7 @@ use ember_core::{Error, Result};
 
 use crate::buffer::Val;
 use crate::fuse::Fusion;
+use crate::kernels::integer_dot::PreparedRight;
 use crate::kernels::movement::{bind_bytes, permute, scalar};
 use crate::kernels::sgemm::{self, Packed};
 
@@ -75,6 +76,10 @@ pub struct Program {
     /// `Dot` whose right operand is a 2-D f32 weight, that operand; for an f32 `Conv` with a
     /// weight, one left operand per group. Empty elsewhere.
     pub packed: Vec<Vec<Packed>>,
+    /// The right operand of each `IntegerDot` whose 2-D right operand is known at compile
+    /// time, prepared once for the kernel this CPU runs (`kernels::integer_dot`); `None`
+    /// elsewhere.
+    pub packed_integer: Vec<Option<PreparedRight>>,
     /// Owned weight bytes we point into, kept alive with the program.
     _keep: Vec<Arc<Vec<u8>>>,
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
@@ -195,6 +200,27 @@ fn pack_weight_operands(
         }
         _ => Ok(Vec::new()),
     }
+}
+
+/// The right operand of an `IntegerDot` prepared for its kernel, when it is a 2-D value
+/// known at compile time and the left operand is not.
+fn pack_integer_operand(
+    graph: &Graph,
+    node: &ember_core::ir::Node,
+    bound: &[Option<Val>],
+) -> crate::error::KResult<Option<PreparedRight>> {
+    let (Op::IntegerDot, [x, w]) = (&node.op, node.inputs.as_slice()) else {
+        return Ok(None);
+    };
+    let (None, Some(w)) = (&bound[*x], &bound[*w]) else {
+        return Ok(None);
+    };
+    if w.shape().len() != 2 {
+        return Ok(None);
+    }
+    let (k, n) = (w.shape()[0], w.shape()[1]);
+    let bytes = w.to_vec::<u8>()?;
+    PreparedRight::new(&bytes, (k, n), w.dtype, graph.nodes[*x].ty.dtype).map(Some)
 }
 
 /// A shape whose dims are all constants.
@@ -327,6 +353,12 @@ impl Program {
             .map(|node| pack_weight_operands(&graph, node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
+        let packed_integer = graph
+            .nodes
+            .iter()
+            .map(|node| pack_integer_operand(&graph, node, &bound))
+            .collect::<crate::error::KResult<Vec<_>>>()
+            .map_err(|e| Error::Compile(e.to_string()))?;
         drop_unread_weight_copies(&graph, &packed, &mut bound)
             .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
@@ -349,6 +381,7 @@ impl Program {
             reads,
             last_use,
             packed,
+            packed_integer,
             _keep: keep,
             plans: Mutex::new(HashMap::new()),
         })

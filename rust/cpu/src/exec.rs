@@ -17,7 +17,8 @@ use crate::error::{CpuError, KResult};
 use crate::fuse::{dot_in_place, Role};
 use crate::kernels::sgemm::Packed;
 use crate::kernels::{
-    attention, conv, dot, elementwise as ew, fused, index, movement as mv, norm, pool, reduce,
+    attention, conv, dot, elementwise as ew, fused, index, integer_dot, movement as mv, norm, pool,
+    reduce,
 };
 use crate::profile;
 use crate::strided::map1;
@@ -449,6 +450,10 @@ fn eval(
         Op::Cast { to } => ew::cast(arg(0)?, *to),
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, arg(0)?, shape),
         Op::Dot => dot::dot(arg(0)?, arg(1)?, threads),
+        Op::IntegerDot => {
+            let packed = prog.packed_integer[id].as_ref();
+            integer_dot::integer_dot(arg(0)?, arg(1)?, packed, threads)
+        }
         Op::Reshape { .. } => mv::reshape(arg(0)?, shape),
         Op::Permute { perm } => mv::permute(arg(0)?, perm),
         Op::Expand { .. } => mv::expand(arg(0)?, shape),

@@ -108,8 +108,18 @@ impl Builder {
     /// numpy/torch `matmul` for any ranks ≥ 1, built from `Dot` with explicit broadcasting:
     /// 1-D operands gain (then lose) a unit dim; batch dims broadcast.
     pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.matmul_with(Op::Dot, x, y)
+    }
+
+    /// `matmul` of 8-bit integers into int32 (`Op::IntegerDot`), numpy's shape rules.
+    pub fn integer_matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.matmul_with(Op::IntegerDot, x, y)
+    }
+
+    /// numpy `matmul` shapes around a product node `dot` (`Dot` or `IntegerDot`).
+    fn matmul_with(&mut self, dot: Op, x: ValueId, y: ValueId) -> Result<ValueId> {
         let b = self;
-        if b.dtype(x) != b.dtype(y) {
+        if dot == Op::Dot && b.dtype(x) != b.dtype(y) {
             return Err(Error::Compile(format!(
                 "matmul of {} and {} at node '{}' (torch requires equal dtypes)",
                 b.dtype(x),
@@ -153,7 +163,7 @@ impl Builder {
             let lead = xs[..xs.len() - 2].to_vec();
             let rows = numel(&[numel(&lead), m.clone()]);
             let x2 = b.reshape(x, vec![rows, k])?;
-            let d = b.op(Op::Dot, &[x2, y])?;
+            let d = b.op(dot, &[x2, y])?;
             let mut shape = lead;
             shape.extend([m, nn.clone()]);
             b.reshape(d, shape)?
@@ -165,7 +175,7 @@ impl Builder {
             yt.extend([k2.clone(), nn.clone()]);
             let x = b.broadcast_to(x, &xt)?;
             let y = b.broadcast_to(y, &yt)?;
-            b.op(Op::Dot, &[x, y])?
+            b.op(dot, &[x, y])?
         };
         let mut shape = b.shape(out);
         if y_vec {

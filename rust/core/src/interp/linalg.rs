@@ -64,6 +64,37 @@ pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
     Ok(Value::from_data(a.dtype, shape, data))
 }
 
+/// `IntegerDot`: `[B.., M, K] × [B.., K, N] → [B.., M, N]` int32 of 8-bit integer operands,
+/// summed exactly and wrapped to int32 as int32 accumulation wraps.
+pub(crate) fn integer_dot(a: &Value, b: &Value) -> R<Value> {
+    let (ba, m, k) = mat(&a.shape)?;
+    let (bb, k2, n) = mat(&b.shape)?;
+    let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
+    let (Data::I(x), Data::I(y)) = (&a.data, &b.data) else {
+        return Err("integer_dot needs integer operands".into());
+    };
+    if ba != bb || k != k2 || !eight_bit(a.dtype) || !eight_bit(b.dtype) {
+        return Err(format!(
+            "cannot integer-multiply {} {:?} by {} {:?}",
+            a.dtype, a.shape, b.dtype, b.shape
+        ));
+    }
+    let batch = batch_count(ba)?;
+    let mut shape = ba.to_vec();
+    shape.extend([m, n]);
+    let mut out = Vec::with_capacity(checked_numel(&shape).ok_or("shape overflows")?);
+    for t in 0..batch {
+        let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
+        for i in 0..m {
+            for j in 0..n {
+                let s: i64 = (0..k).map(|p| x[i * k + p] * y[p * n + j]).sum();
+                out.push(i64::from(s as i32));
+            }
+        }
+    }
+    Ok(Value::from_data(DType::I32, shape, Data::I(out)))
+}
+
 /// `GroupedDot`: x `[S, K]`, w `[G, K, N]`, ends `[G]` → `[S, N]`, rows past the last
 /// (clamped) end zero.
 pub(crate) fn grouped_dot(x: &Value, w: &Value, ends: &Value) -> R<Value> {

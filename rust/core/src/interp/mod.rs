@@ -198,6 +198,7 @@ fn eval_node<'a>(
         Op::Cast { to } => ew::cast(*to, x()?),
         Op::Reduce { op, axes, keepdim } => reduce::reduce(*op, axes, *keepdim, x()?)?,
         Op::Dot => linalg::dot(x()?, one(args, 1)?)?,
+        Op::IntegerDot => linalg::integer_dot(x()?, one(args, 1)?)?,
         Op::Reshape { .. } => movement::reshape(x()?, &shape)?,
         Op::Permute { perm } => movement::permute(x()?, perm)?,
         Op::Expand { .. } => movement::expand(x()?, &shape)?,

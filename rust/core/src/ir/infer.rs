@@ -202,10 +202,18 @@ pub fn infer_type(
             };
             TensorType::new(dtype, shape)
         }
-        Op::Dot => {
+        Op::Dot | Op::IntegerDot => {
             arity(op, inputs, 2)?;
             let (a, b) = (inputs[0], inputs[1]);
-            if a.rank() < 2 || a.rank() != b.rank() || a.dtype != b.dtype {
+            let integer = *op == Op::IntegerDot;
+            let eight_bit = |d: DType| matches!(d, DType::U8 | DType::I8);
+            if integer && !(eight_bit(a.dtype) && eight_bit(b.dtype)) {
+                return shape_err(format!(
+                    "integer_dot needs uint8 or int8 operands: {} x {}",
+                    a.dtype, b.dtype
+                ));
+            }
+            if a.rank() < 2 || a.rank() != b.rank() || (!integer && a.dtype != b.dtype) {
                 return shape_err(format!(
                     "dot needs equal-rank (≥2) operands of one dtype: {} {} x {} {}",
                     a.dtype,
@@ -219,7 +227,7 @@ pub fn infer_type(
             same_dim(&a.shape[r - 1], &b.shape[r - 2], "dot contraction dim")?;
             let mut shape = a.shape[..r - 1].to_vec();
             shape.push(b.shape[r - 1].clone());
-            TensorType::new(a.dtype, shape)
+            TensorType::new(if integer { DType::I32 } else { a.dtype }, shape)
         }
         Op::Reshape { shape } => {
             let x = single_input(op, inputs)?;

@@ -6,6 +6,7 @@ pub mod dot;
 pub mod elementwise;
 pub mod fused;
 pub mod index;
+pub mod integer_dot;
 pub mod movement;
 pub mod norm;
 pub mod pool;

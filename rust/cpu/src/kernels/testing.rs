@@ -12,3 +12,16 @@ pub fn data(len: usize, seed: u32) -> Vec<f32> {
         })
         .collect()
 }
+
+/// `len` bytes of every value from a xorshift stream seeded by `seed` (fixed per seed).
+pub fn bytes(len: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as u8
+        })
+        .collect()
+}

@@ -203,7 +203,7 @@ impl<'a> Generator<'a> {
                 dilation,
                 ..
             } => self.pool(id, *kind, kernel, stride, padding, dilation),
-            Op::Dot | Op::Kernel { .. } => self.product_kernel(&[id], None),
+            Op::Dot | Op::IntegerDot | Op::Kernel { .. } => self.product_kernel(&[id], None),
             _ => self.elementwise(id, Some(id)),
         }
     }

@@ -195,6 +195,7 @@ fn is_heavy(op: &Op) -> bool {
         base_op(op),
         Op::Reduce { .. }
             | Op::Dot
+            | Op::IntegerDot
             | Op::Softmax { .. }
             | Op::LayerNorm { .. }
             | Op::RmsNorm { .. }
@@ -227,6 +228,7 @@ fn inlines_compute(op: &Op) -> bool {
     !matches!(
         base_op(op),
         Op::Dot
+            | Op::IntegerDot
             | Op::GroupedDot
             | Op::Argsort { .. }
             | Op::Attention { .. }
@@ -857,6 +859,7 @@ fn is_generated_product(g: &Graph, id: usize) -> bool {
     match &g.nodes[id].op {
         Op::Kernel { base, .. } => **base == Op::Dot,
         Op::Dot => !library_product(g, id),
+        Op::IntegerDot => true,
         _ => false,
     }
 }

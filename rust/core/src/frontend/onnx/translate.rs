@@ -77,6 +77,18 @@ pub struct Ctx {
     /// Initializers that became weights, by name.
     weights: Weights,
     weight_specs: Vec<(String, DType, Vec<usize>)>,
+    /// Float values `DequantizeLinear` made from 8-bit integers, by IR value: a product of
+    /// two of them runs on the integers (`ops::quant::dequantized_product`).
+    pub dequantized: HashMap<ValueId, Dequantized>,
+}
+
+/// `(q - zero) · scale`: a float value dequantized from the 8-bit integers `q`, its scale
+/// and zero point shaped to broadcast against `q` (0-d per tensor).
+#[derive(Clone, Copy, Debug)]
+pub struct Dequantized {
+    pub q: ValueId,
+    pub scale: ValueId,
+    pub zero: Option<ValueId>,
 }
 
 impl Ctx {
@@ -421,6 +433,7 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         values: HashMap::new(),
         weights: Weights::new(),
         weight_specs: Vec::new(),
+        dequantized: HashMap::new(),
     };
 
     // Initializers first: a graph input with an initializer of the same name is a weight

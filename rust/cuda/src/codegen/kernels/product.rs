@@ -1,6 +1,6 @@
-//! Generated matrix products: a thread per output element (integers, and the optimizer's
-//! `cuda.thread_dot`), the grouped product of mixture-of-experts layers, and the epilogue
-//! and operand code they share with `warp_dot`.
+//! Generated matrix products: a thread per output element (integers, 8-bit `integer_dot`,
+//! and the optimizer's `cuda.thread_dot`), the grouped product of mixture-of-experts
+//! layers, and the epilogue and operand code they share with `warp_dot`.
 
 use ember_core::dim::numel;
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{one, Handler};
+use super::{one, quant, Handler};
 use crate::dim::{numel, Dim};
 use crate::dtype::Scalar;
 use crate::error::Result;
@@ -25,6 +25,9 @@ fn matmul_node(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let a = ctx.input(n, 0)?;
     let b = ctx.input(n, 1)?;
     super::elementwise::same_dtype(ctx, n, &[a, b])?;
+    if let Some(y) = quant::dequantized_product(ctx, a, b)? {
+        return one(y);
+    }
     one(matmul(&mut ctx.b, n, a, b)?)
 }
 
@@ -42,12 +45,19 @@ fn gemm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(n.err("A and B must be 2-D"));
     }
     if n.flag("transA", false)? {
-        a = ctx.b.permute(a, vec![1, 0])?;
+        let t = ctx.b.permute(a, vec![1, 0])?;
+        quant::note_transpose(ctx, a, t)?;
+        a = t;
     }
     if n.flag("transB", false)? {
-        b = ctx.b.permute(b, vec![1, 0])?;
+        let t = ctx.b.permute(b, vec![1, 0])?;
+        quant::note_transpose(ctx, b, t)?;
+        b = t;
     }
-    let mut y = matmul(&mut ctx.b, n, a, b)?;
+    let mut y = match quant::dequantized_product(ctx, a, b)? {
+        Some(y) => y,
+        None => matmul(&mut ctx.b, n, a, b)?,
+    };
     let alpha = n.float("alpha", 1.0)?;
     if alpha != 1.0 {
         y = ctx.b.binary_in(

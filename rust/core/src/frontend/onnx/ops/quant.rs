@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::frontend::builder::Operand;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::tensor::dtype_from_onnx;
-use crate::frontend::onnx::translate::{Ctx, Val};
+use crate::frontend::onnx::translate::{Ctx, Dequantized, Val};
 use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
@@ -127,15 +127,22 @@ fn dequantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     }
     let scale = along_axis(ctx, n, scale, x, "x_scale")?;
     let mut v = ctx.b.cast(x, float)?;
+    let mut zero = None;
     if let Some(z) = ctx.opt_input(n, 2)? {
         if ctx.b.dtype(z) != ctx.b.dtype(x) {
             return Err(n.err("x_zero_point must have x's type"));
         }
         let z = along_axis(ctx, n, z, x, "x_zero_point")?;
+        zero = Some(z);
         let z = ctx.b.cast(z, float)?;
         v = bin(ctx, BinaryOp::Sub, v, z)?;
     }
-    one(bin(ctx, BinaryOp::Mul, v, scale)?)
+    let y = bin(ctx, BinaryOp::Mul, v, scale)?;
+    if matches!(ctx.b.dtype(x), DType::U8 | DType::I8) {
+        let d = Dequantized { q: x, scale, zero };
+        ctx.dequantized.insert(y, d);
+    }
+    one(y)
 }
 
 /// uint8 quantization of x over its own range (widened to include 0): `y_scale = (max(x, 0)
@@ -183,79 +190,182 @@ fn dynamic_quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 
 /// `(A - a_zero_point) · (B - b_zero_point)` accumulated in int32 (numpy matmul shapes); a
 /// zero point is a scalar, or per row of A / per column of B.
-///
-/// The product runs in f32 GEMMs, an order of magnitude faster than an integer loop, where
-/// it is exact: each operand is an integer of at most 255 in magnitude, so over at most 256
-/// steps of k every product and partial sum is an integer below 2²⁴, whatever the order of
-/// the additions. A longer k is cut into chunks of at most 256 (a divisor of k) whose
-/// products are summed in int32; where k has no such divisor (or is symbolic, or B is
-/// batched) the product runs in f64, exact for any k.
 fn matmul_integer(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let (a, b) = (ctx.input(n, 0)?, ctx.input(n, 1)?);
-    let k = ctx.b.shape(a).last().and_then(Dim::as_const);
-    let chunk = match k {
-        Some(k) if k <= 256 => Some(k),
-        Some(k) if ctx.b.rank(a) >= 2 && ctx.b.rank(b) == 2 => {
-            (32..=256).rev().find(|s| k % s == 0)
-        }
-        _ => None,
-    };
-    let float = if chunk.is_some() {
-        DType::F32
-    } else {
-        DType::F64
-    };
-    let mut ops = Vec::with_capacity(2);
+    let mut zeros = [None, None];
     for (i, zi) in [(0, 2), (1, 3)] {
         let v = ctx.input(n, i)?;
         let dtype = ctx.b.dtype(v);
         range(n, dtype)?;
-        let mut v = ctx.b.cast(v, float)?;
-        if let Some(z) = ctx.opt_input(n, zi)? {
-            if ctx.b.dtype(z) != dtype {
-                return Err(n.err(format!("zero point {zi} must have input {i}'s type")));
-            }
-            let z = ctx.b.cast(z, float)?;
-            // A's zero point per row: a column vector; B's per column: a row.
-            let z = match (i, ctx.b.shape(z).len()) {
-                (_, 0) => z,
-                (0, 1) => {
-                    let len = ctx.b.shape(z)[0].clone();
-                    ctx.b.reshape(z, vec![len, Dim::Const(1)])?
-                }
-                (_, 1) => z,
-                _ => return Err(n.err(format!("zero point {zi} must be a scalar or 1-d"))),
-            };
-            v = bin(ctx, BinaryOp::Sub, v, z)?;
+        let Some(z) = ctx.opt_input(n, zi)? else {
+            continue;
+        };
+        if ctx.b.dtype(z) != dtype {
+            return Err(n.err(format!("zero point {zi} must have input {i}'s type")));
         }
-        ops.push(v);
+        zeros[i] = Some(match (i, ctx.b.shape(z).len()) {
+            (_, 0) => z,
+            // A's zero point per row: a column vector; B's per column: a row.
+            (0, 1) => {
+                let len = ctx.b.shape(z)[0].clone();
+                ctx.b.reshape(z, vec![len, Dim::Const(1)])?
+            }
+            (_, 1) => z,
+            _ => return Err(n.err(format!("zero point {zi} must be a scalar or 1-d"))),
+        });
     }
-    let (a, b) = (ops[0], ops[1]);
-    let (Some(k), Some(size)) = (k, chunk.filter(|&s| Some(s) != k)) else {
-        // One product: k ≤ 256 in f32, or any k in f64.
-        let product = ctx.b.matmul(a, b)?;
-        return one(ctx.b.cast(product, DType::I32)?);
+    one(integer_product(ctx, a, b, zeros[0], zeros[1])?)
+}
+
+/// `(A - za) · (B - zb)` in int32, numpy matmul shapes, for 8-bit A and B and zero points
+/// that broadcast against them (`za` constant along A's last axis, `zb` along B's second
+/// last). The 8-bit integers themselves go to `IntegerDot` (the integer kernels); the zero
+/// points become corrections by sums, exactly: `(A - za)(B - zb) = A·B - rowsum(A)·zb -
+/// za·colsum(B - zb)`, where a weight's column sums are computed once, at compile time.
+fn integer_product(
+    ctx: &mut Ctx,
+    a: ValueId,
+    b: ValueId,
+    za: Option<ValueId>,
+    zb: Option<ValueId>,
+) -> Result<ValueId> {
+    // Vectors become matrices here, so the sums below keep their axes; the added axes
+    // are dropped at the end.
+    let (a_vec, b_vec) = (ctx.b.rank(a) == 1, ctx.b.rank(b) == 1);
+    let a = match a_vec {
+        true => {
+            let k = ctx.b.shape(a)[0].clone();
+            ctx.b.reshape(a, vec![Dim::Const(1), k])?
+        }
+        false => a,
     };
-    // [.., M, K] → [.., C, M, S] and [K, N] → [C, S, N]: C products of S steps each.
-    let count = k / size;
-    let (c, s) = (Dim::Const(count), Dim::Const(size));
-    let mut shape = ctx.b.shape(a);
-    let r = shape.len();
-    shape.splice(r - 1.., [c.clone(), s.clone()]);
-    let a = ctx.b.reshape(a, shape)?;
-    let mut perm: Vec<usize> = (0..=r).collect();
-    perm.swap(r - 2, r - 1);
-    let a = ctx.b.permute(a, perm)?;
-    let nn = ctx.b.shape(b)[1].clone();
-    let b = ctx.b.reshape(b, vec![c, s, nn])?;
-    let parts = ctx.b.matmul(a, b)?;
-    let parts = ctx.b.cast(parts, DType::I32)?;
-    one(ctx.b.op(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![r - 2],
-            keepdim: false,
-        },
-        &[parts],
-    )?)
+    let b = match b_vec {
+        true => {
+            let k = ctx.b.shape(b)[0].clone();
+            ctx.b.reshape(b, vec![k, Dim::Const(1)])?
+        }
+        false => b,
+    };
+    // A zero point of zeros (symmetric int8 weights) needs no correction.
+    let (za, zb) = (
+        za.filter(|&z| !is_zeros(ctx, z)),
+        zb.filter(|&z| !is_zeros(ctx, z)),
+    );
+    let mut y = ctx.b.integer_matmul(a, b)?;
+    let sum = |ctx: &mut Ctx, v: ValueId, axis: usize| {
+        ctx.b.op(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![axis],
+                keepdim: true,
+            },
+            &[v],
+        )
+    };
+    if let Some(zb) = zb {
+        let zb = ctx.b.cast(zb, DType::I32)?;
+        let a32 = ctx.b.cast(a, DType::I32)?;
+        let rows = sum(ctx, a32, ctx.b.rank(a) - 1)?;
+        let term = bin(ctx, BinaryOp::Mul, rows, zb)?;
+        y = bin(ctx, BinaryOp::Sub, y, term)?;
+    }
+    if let Some(za) = za {
+        let za = ctx.b.cast(za, DType::I32)?;
+        let mut b32 = ctx.b.cast(b, DType::I32)?;
+        if let Some(zb) = zb {
+            let zb = ctx.b.cast(zb, DType::I32)?;
+            b32 = bin(ctx, BinaryOp::Sub, b32, zb)?;
+        }
+        let cols = sum(ctx, b32, ctx.b.rank(b) - 2)?;
+        let term = bin(ctx, BinaryOp::Mul, za, cols)?;
+        y = bin(ctx, BinaryOp::Sub, y, term)?;
+    }
+    let mut shape = ctx.b.shape(y);
+    if b_vec {
+        shape.pop();
+    }
+    if a_vec {
+        let r = shape.len();
+        shape.remove(r - if b_vec { 1 } else { 2 });
+    }
+    if a_vec || b_vec {
+        y = ctx.b.reshape(y, shape)?;
+    }
+    Ok(y)
+}
+
+/// Whether `v` is a constant of zeros (through reshapes and expands).
+fn is_zeros(ctx: &Ctx, mut v: ValueId) -> bool {
+    loop {
+        let node = &ctx.b.g.nodes[v];
+        match &node.op {
+            Op::Constant(data) => return data.bytes.iter().all(|&b| b == 0),
+            Op::Full { value } => return value.as_f64() == 0.0,
+            Op::Reshape { .. } | Op::Expand { .. } => v = node.inputs[0],
+            _ => return false,
+        }
+    }
+}
+
+/// The float product `a · b` of two dequantized values computed on their integers, where
+/// the scales factor out of the sum: a per-tensor scale and zero point for `a`, per tensor
+/// or per column for a 2-D `b`. `sa·(qa - za) · sb·(qb - zb) = sa·sb · (qa - za)·(qb - zb)`,
+/// the integer product exact where the float one rounds at every step (what ONNX Runtime
+/// does for QDQ models too). `None` where `a` or `b` does not qualify: the float product
+/// then runs as written.
+pub(super) fn dequantized_product(
+    ctx: &mut Ctx,
+    a: ValueId,
+    b: ValueId,
+) -> Result<Option<ValueId>> {
+    let (Some(&da), Some(&db)) = (ctx.dequantized.get(&a), ctx.dequantized.get(&b)) else {
+        return Ok(None);
+    };
+    if ctx.b.rank(b) != 2 || ctx.b.rank(a) < 2 {
+        return Ok(None);
+    }
+    let per_tensor = |ctx: &Ctx, v: Option<ValueId>| v.is_none_or(|v| ctx.b.rank(v) == 0);
+    // B's parameters: 0-d, or a row of its columns (axis 1 gives `[N]`).
+    let n = ctx.b.shape(b)[1].clone();
+    let per_column = |ctx: &Ctx, v: Option<ValueId>| {
+        v.is_none_or(|v| {
+            let s = ctx.b.shape(v);
+            s.is_empty() || (s.len() == 1 && s[0] == n)
+        })
+    };
+    let float = ctx.b.dtype(a);
+    if !per_tensor(ctx, Some(da.scale))
+        || !per_tensor(ctx, da.zero)
+        || !per_column(ctx, Some(db.scale))
+        || !per_column(ctx, db.zero)
+        || ctx.b.dtype(b) != float
+    {
+        return Ok(None);
+    }
+    let product = integer_product(ctx, da.q, db.q, da.zero, db.zero)?;
+    let product = ctx.b.cast(product, float)?;
+    let scale = bin(ctx, BinaryOp::Mul, da.scale, db.scale)?;
+    Ok(Some(bin(ctx, BinaryOp::Mul, product, scale)?))
+}
+
+/// Records `t`, the transpose of the 2-D value `v`, as dequantized when `v` is (Gemm's
+/// `transA` / `transB`), its parameters transposed along: a column `[R, 1]` becomes a row
+/// `[R]` and a row `[C]` a column `[C, 1]`.
+pub(super) fn note_transpose(ctx: &mut Ctx, v: ValueId, t: ValueId) -> Result<()> {
+    let Some(&d) = ctx.dequantized.get(&v) else {
+        return Ok(());
+    };
+    let flip = |ctx: &mut Ctx, p: ValueId| -> Result<ValueId> {
+        let s = ctx.b.shape(p);
+        match s.len() {
+            1 => ctx.b.reshape(p, vec![s[0].clone(), Dim::Const(1)]),
+            2 if s[1] == Dim::Const(1) => ctx.b.reshape(p, vec![s[0].clone()]),
+            _ => Ok(p),
+        }
+    };
+    let q = ctx.b.permute(d.q, vec![1, 0])?;
+    let scale = flip(ctx, d.scale)?;
+    let zero = d.zero.map(|z| flip(ctx, z)).transpose()?;
+    ctx.dequantized.insert(t, Dequantized { q, scale, zero });
+    Ok(())
 }

@@ -1,10 +1,10 @@
 //! Matrix products: mm, bmm, addmm, baddbmm, linear, matmul (with broadcasting), dot —
-//! all lowered to the IR's one batched contraction `Dot` — and the grouped products of
-//! mixture-of-experts layers (`_grouped_mm`, transformers' `grouped_mm_fallback`), lowered
-//! to `GroupedDot`.
+//! all lowered to the IR's one batched contraction `Dot` — int8 `_int_mm` (`IntegerDot`),
+//! and the grouped products of mixture-of-experts layers (`_grouped_mm`, transformers'
+//! `grouped_mm_fallback`), lowered to `GroupedDot`.
 
 use super::{operand, tensor, Handler};
-use crate::dtype::Scalar;
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::builder::Builder;
 use crate::frontend::builder::Operand;
@@ -18,6 +18,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("addmm" | "baddbmm" | "addmv", "default") => add_product,
         ("linear", "default") => linear,
         ("_grouped_mm", "default") => grouped_mm,
+        ("_int_mm", "default") => int_mm,
         _ => return None,
     })
 }
@@ -88,6 +89,23 @@ fn product(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .or_else(|_| tensor(ctx, n, "tensor", 1))
         .or_else(|_| tensor(ctx, n, "vec", 1))?;
     Ok(Out::Value(matmul(&mut ctx.b, a, b)?))
+}
+
+/// `_int_mm(self [M, K] int8, mat2 [K, N] int8)`: int32 sums of int8 products
+/// (`IntegerDot`).
+fn int_mm(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let a = tensor(ctx, n, "self", 0)?;
+    let b = tensor(ctx, n, "mat2", 1)?;
+    let (da, db) = (ctx.b.dtype(a), ctx.b.dtype(b));
+    let (ra, rb) = (ctx.b.rank(a), ctx.b.rank(b));
+    if (da, db) != (DType::I8, DType::I8) || (ra, rb) != (2, 2) {
+        return Err(Error::unsupported_because(
+            n.target.clone(),
+            &n.name,
+            format!("_int_mm of {da} rank {ra} × {db} rank {rb} (2-D int8 × int8 is supported)"),
+        ));
+    }
+    Ok(Out::Value(ctx.b.integer_matmul(a, b)?))
 }
 
 /// `beta * input + alpha * (m1 @ m2)`.
