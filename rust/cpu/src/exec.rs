@@ -139,6 +139,19 @@ pub fn execute(
                 run_dot(prog, plan, id, node, &vals, direct[id], arena, threads)
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
+            (Role::Plain, Op::IntegerDot) => {
+                // Into the arena: a fresh output of this size is a fresh mapping (page
+                // faults) every call.
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                let prepared = prog.packed_integer[id].as_ref();
+                value(&vals, node.inputs[0])
+                    .and_then(|a| Ok((a, value(&vals, node.inputs[1])?)))
+                    .and_then(|(a, b)| {
+                        integer_dot::integer_dot_into(a, b, prepared, dest.slice()?, threads)
+                    })
+                    .and_then(|()| dest.finish())
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             (Role::Plain, Op::Concat { axis }) => {
                 let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
                 node.inputs

@@ -1,0 +1,277 @@
+//! Intel AMX (Sapphire Rapids and later) for `IntegerDot`: `tdpbusd` (`tdpbssd`) multiplies
+//! a 16×64 tile of uint8 (int8) A by a 64×16 tile of int8 B into a 16×16 int32 tile, 16 384
+//! multiply-adds an instruction. With an instruction for either signedness of A, A is read
+//! as it is (no flip): of `PackedB`'s terms only `β·rowsum(A)` remains, for an unsigned B. Rust's AMX intrinsics are unstable, so the few tile
+//! instructions are inline assembly; Linux lends a process the tile registers only after it
+//! asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and `available` asks once.
+//!
+//! The packed B (`PackedB`) is laid out in the tiles' format: four k of a column in 32
+//! bits, 16 quads × 16 columns in one contiguous KiB.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::{PackedB, WIDTH};
+use crate::par;
+
+/// Rows of A per task: two tiles of 16.
+const ROWS: usize = 32;
+/// k per tile step: a tile row holds 64 bytes.
+pub const K_STEP: usize = 64;
+
+/// Whether the AMX kernel runs: the VNNI kernels may, the CPU has AMX-INT8, Linux granted
+/// the tile data, and `EMBER_CPU_AMX` is not 0.
+pub fn available() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        super::vnni_available()
+            && std::env::var("EMBER_CPU_AMX").map_or(true, |v| v.trim() != "0")
+            && cpu_has_amx_int8()
+            && tile_data_granted()
+    })
+}
+
+fn cpu_has_amx_int8() -> bool {
+    if __cpuid(0).eax < 7 {
+        return false;
+    }
+    // Leaf 7: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
+    (__cpuid_count(7, 0).edx >> 24) & 3 == 3
+}
+
+/// Asks Linux for the AMX tile state (`ARCH_REQ_XCOMP_PERM`, `XFEATURE_XTILEDATA`): without
+/// it the first tile instruction faults. The permission holds for every thread of the
+/// process; Linux refuses it (and we then run VNNI) where a thread's signal stack is too
+/// small for the larger signal frames.
+#[cfg(target_os = "linux")]
+fn tile_data_granted() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's FPU permissions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn tile_data_granted() -> bool {
+    false
+}
+
+/// The `ldtilecfg` operand (palette 1): bytes per row and rows of each tile register.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    /// C tiles 0 and 1 (`top` rows) and 2 and 3 (`bottom` rows), A tiles 4 (`top`) and 5
+    /// (`bottom`), B tiles 6 and 7 (16 quads); every row 64 bytes. A tile of 0 rows stays
+    /// unconfigured (and unused).
+    fn new(top: usize, bottom: usize) -> Self {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for (tile, rows) in [(0, top), (1, top), (2, bottom), (3, bottom)]
+            .into_iter()
+            .chain([(4, top), (5, bottom), (6, 16), (7, 16)])
+        {
+            if rows > 0 {
+                c.rows[tile] = rows as u8;
+                c.colsb[tile] = 64;
+            }
+        }
+        c
+    }
+}
+
+/// Whether the AMX kernel takes this product: whole tile steps of k.
+pub fn takes(p: &PackedB) -> bool {
+    p.k.is_multiple_of(K_STEP) && p.k > 0
+}
+
+struct Out(*mut i32);
+// SAFETY: tasks write disjoint blocks of the output, which outlives the loop.
+unsafe impl Sync for Out {}
+
+/// `a` (`[m, k]`, uint8) times `p` into `out` (`[m, n]`).
+///
+/// # Safety
+/// `available()` and `takes(p)`; `a` holds m·k bytes and `out` m·n int32 for p's k and n.
+pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
+    let (k, n) = (p.k, p.n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let blocks = m.div_ceil(ROWS);
+    let panels = n.div_ceil(WIDTH);
+    // A task takes a row block and a run of panels under one tile configuration
+    // (`ldtilecfg` and `tilerelease` cost about as much as a small panel's products).
+    let per_task = panels.div_ceil(PANEL_RUNS);
+    let runs = panels.div_ceil(per_task);
+    let out_ptr = Out(out.as_mut_ptr());
+    par::for_each(blocks * runs, |t| {
+        let out_ptr = &out_ptr;
+        let (run, block) = (t / blocks, t % blocks);
+        let row0 = block * ROWS;
+        let rows = (m - row0).min(ROWS);
+        let row_fix: [i32; ROWS] = std::array::from_fn(|r| match p.b_unsigned && r < rows {
+            // β·rowsum(A): B was moved to signed by -128 (`PackedB`).
+            true => a[(row0 + r) * k..(row0 + r + 1) * k]
+                .iter()
+                .map(|&x| match p.a_signed {
+                    true => i32::from(x as i8),
+                    false => i32::from(x),
+                })
+                .fold(0i32, i32::wrapping_add)
+                .wrapping_mul(128),
+            false => 0,
+        });
+        let first = run * per_task;
+        let last = (first + per_task).min(panels);
+        // SAFETY: by this function's contract; the block's rows and the panels' columns
+        // lie inside `a`, `p` and `out`.
+        unsafe {
+            block_panels(
+                a.as_ptr().add(row0 * k),
+                rows,
+                p,
+                first..last,
+                &row_fix,
+                out_ptr.0.add(row0 * n),
+            )
+        }
+    });
+}
+
+/// Runs of panels per row block: enough tasks to share among threads.
+const PANEL_RUNS: usize = 4;
+
+/// One task: `rows` (≤ 32) rows of A times the panels `panels`, written to `out` (the
+/// block's first output row; rows `p.n` apart) with the row terms added.
+#[target_feature(enable = "avx512f")]
+unsafe fn block_panels(
+    a: *const u8,
+    rows: usize,
+    p: &PackedB,
+    panels: std::ops::Range<usize>,
+    row_fix: &[i32; ROWS],
+    out: *mut i32,
+) {
+    let (k, ldc) = (p.k, p.n);
+    let top = rows.min(16);
+    let bottom = rows - top;
+    let config = TileConfig::new(top, bottom);
+    let mut sums = std::mem::MaybeUninit::<[i32; ROWS * WIDTH]>::uninit();
+    let sums = sums.as_mut_ptr() as *mut i32;
+    // A's rows, a B tile's rows (contiguous), the sums' rows.
+    let (a_stride, b_stride, c_stride): (usize, usize, usize) = (k, 64, WIDTH * 4);
+    asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+    for panel in panels {
+        let panel_data = p.data.as_ptr().add(panel * p.quads * WIDTH * 4);
+        for half in 0..2 {
+            asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+            if bottom > 0 {
+                asm!("tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+            }
+            for step in 0..k / K_STEP {
+                let a_top = a.add(step * K_STEP);
+                // Quads 16·step.., columns 32·half.. and 32·half + 16..: two whole tiles.
+                let b0 = panel_data.add(super::tile_offset(step * 16, half * 32));
+                asm!(
+                    "tileloadd tmm4, [{a} + {sa}*1]",
+                    "tileloadd tmm6, [{b} + {sb}*1]",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
+                    a = in(reg) a_top,
+                    b = in(reg) b0,
+                    b1 = in(reg) b0.add(1024),
+                    sa = in(reg) a_stride,
+                    sb = in(reg) b_stride,
+                    options(nostack, readonly),
+                );
+                match p.a_signed {
+                    true => asm!(
+                        "tdpbssd tmm0, tmm4, tmm6",
+                        "tdpbssd tmm1, tmm4, tmm7",
+                        options(nostack, nomem)
+                    ),
+                    false => asm!(
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tdpbusd tmm1, tmm4, tmm7",
+                        options(nostack, nomem)
+                    ),
+                }
+                if bottom > 0 {
+                    asm!(
+                        "tileloadd tmm5, [{a} + {sa}*1]",
+                        a = in(reg) a_top.add(16 * k),
+                        sa = in(reg) a_stride,
+                        options(nostack, readonly),
+                    );
+                    match p.a_signed {
+                        true => asm!(
+                            "tdpbssd tmm2, tmm5, tmm6",
+                            "tdpbssd tmm3, tmm5, tmm7",
+                            options(nostack, nomem)
+                        ),
+                        false => asm!(
+                            "tdpbusd tmm2, tmm5, tmm6",
+                            "tdpbusd tmm3, tmm5, tmm7",
+                            options(nostack, nomem)
+                        ),
+                    }
+                }
+            }
+            let c0 = sums.add(half * 32);
+            asm!(
+                "tilestored [{c} + {sc}*1], tmm0",
+                "tilestored [{c1} + {sc}*1], tmm1",
+                c = in(reg) c0,
+                c1 = in(reg) c0.add(16),
+                sc = in(reg) c_stride,
+                options(nostack),
+            );
+            if bottom > 0 {
+                let c2 = c0.add(16 * WIDTH);
+                asm!(
+                    "tilestored [{c} + {sc}*1], tmm2",
+                    "tilestored [{c1} + {sc}*1], tmm3",
+                    c = in(reg) c2,
+                    c1 = in(reg) c2.add(16),
+                    sc = in(reg) c_stride,
+                    options(nostack),
+                );
+            }
+        }
+        // The sums of rows < `rows` were all written by the tile stores above.
+        let cols = (p.n - panel * WIDTH).min(WIDTH);
+        let out = out.add(panel * WIDTH);
+        for (r, &fix_r) in row_fix.iter().enumerate().take(rows) {
+            let row = _mm512_set1_epi32(fix_r);
+            for v in 0..WIDTH / 16 {
+                let lanes = cols.saturating_sub(v * 16).min(16);
+                if lanes == 0 {
+                    break;
+                }
+                let s = _mm512_loadu_si512(sums.add(r * WIDTH + v * 16) as *const _);
+                let res = _mm512_add_epi32(s, row);
+                let mask = crate::simd::first_lanes(lanes);
+                _mm512_mask_storeu_epi32(out.add(r * ldc + v * 16), mask, res);
+            }
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem));
+}
