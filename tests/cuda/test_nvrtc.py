@@ -114,6 +114,14 @@ def _sources() -> dict[str, dict]:
         (f"attention_{dt}", _Fn(_attention_model), _attention_args(dt))
         for dt in (torch.float16, torch.bfloat16)
     ]
+    # An int8 product (`integer_dot`) and its float epilogue.
+    cases.append(
+        (
+            "int8_product",
+            _Fn(lambda a, b: torch._int_mm(a, b).float() * 0.5),
+            [rand(32, 64).to(torch.int8), rand(64, 24).to(torch.int8)],
+        )
+    )
     for name, model, args in cases:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
