@@ -235,11 +235,13 @@ fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
 }
 
 /// A permuted weight copied contiguous at compile time (`prepack_permuted_weight`) that only
-/// packed products read is never read at run time: it becomes a view of the weight again,
-/// so the program does not hold a third copy of every `linear` weight.
+/// packed products read (as their prepared right operand) is never read at run time: it
+/// becomes a view of the weight again, so the program does not hold a third copy of every
+/// `linear` weight.
 fn drop_unread_weight_copies(
     graph: &Graph,
     packed: &[Vec<Packed>],
+    packed_integer: &[Option<PreparedRight>],
     bound: &mut [Option<Val>],
 ) -> crate::error::KResult<()> {
     for (id, node) in graph.nodes.iter().enumerate() {
@@ -258,11 +260,10 @@ fn drop_unread_weight_copies(
             continue;
         }
         let only_packed_readers = graph.nodes.iter().enumerate().all(|(u, user)| {
+            let right_only = user.inputs.len() == 2 && user.inputs[0] != id;
             !user.inputs.contains(&id)
-                || (matches!(user.op, Op::Dot)
-                    && user.inputs.len() == 2
-                    && user.inputs[0] != id
-                    && packed[u].len() == 1)
+                || (user.op == Op::Dot && right_only && packed[u].len() == 1)
+                || (user.op == Op::IntegerDot && right_only && packed_integer[u].is_some())
         });
         if only_packed_readers {
             bound[id] = bound[src].as_ref().map(|w| permute(w, perm)).transpose()?;
@@ -359,7 +360,7 @@ impl Program {
             .map(|node| pack_integer_operand(&graph, node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
-        drop_unread_weight_copies(&graph, &packed, &mut bound)
+        drop_unread_weight_copies(&graph, &packed, &packed_integer, &mut bound)
             .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
         let reads: Vec<Vec<usize>> = (0..graph.nodes.len())

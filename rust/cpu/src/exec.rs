@@ -140,16 +140,7 @@ pub fn execute(
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
             (Role::Plain, Op::IntegerDot) => {
-                // Into the arena: a fresh output of this size is a fresh mapping (page
-                // faults) every call.
-                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
-                let prepared = prog.packed_integer[id].as_ref();
-                value(&vals, node.inputs[0])
-                    .and_then(|a| Ok((a, value(&vals, node.inputs[1])?)))
-                    .and_then(|(a, b)| {
-                        integer_dot::integer_dot_into(a, b, prepared, dest.slice()?, threads)
-                    })
-                    .and_then(|()| dest.finish())
+                run_integer_dot(prog, plan, id, node, &vals, direct[id], arena, threads)
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
             (Role::Plain, Op::Concat { axis }) => {
@@ -411,6 +402,26 @@ fn run_dot(
     dest.finish()
 }
 
+/// An integer product written into the arena (a fresh output of inference sizes would be
+/// a fresh mapping, with its page faults, every call).
+#[allow(clippy::too_many_arguments)]
+fn run_integer_dot(
+    prog: &Program,
+    plan: &Plan,
+    id: usize,
+    node: &Node,
+    vals: &[Option<Val>],
+    direct: Option<*mut u8>,
+    arena: &mut Arena,
+    threads: usize,
+) -> KResult<Val> {
+    let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct);
+    let (a, b) = (value(vals, node.inputs[0])?, value(vals, node.inputs[1])?);
+    let prepared = prog.packed_integer[id].as_ref();
+    integer_dot::integer_dot_into(a, b, prepared, dest.slice()?, threads)?;
+    dest.finish()
+}
+
 fn eval(
     prog: &Program,
     plan: &Plan,
@@ -463,10 +474,9 @@ fn eval(
         Op::Cast { to } => ew::cast(arg(0)?, *to),
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, arg(0)?, shape),
         Op::Dot => dot::dot(arg(0)?, arg(1)?, threads),
-        Op::IntegerDot => {
-            let packed = prog.packed_integer[id].as_ref();
-            integer_dot::integer_dot(arg(0)?, arg(1)?, packed, threads)
-        }
+        Op::IntegerDot => Err(CpuError::Internal(
+            "integer products are written into a destination (`run_integer_dot`)".into(),
+        )),
         Op::Reshape { .. } => mv::reshape(arg(0)?, shape),
         Op::Permute { perm } => mv::permute(arg(0)?, perm),
         Op::Expand { .. } => mv::expand(arg(0)?, shape),

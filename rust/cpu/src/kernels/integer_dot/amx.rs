@@ -1,9 +1,10 @@
 //! Intel AMX (Sapphire Rapids and later) for `IntegerDot`: `tdpbusd` (`tdpbssd`) multiplies
 //! a 16×64 tile of uint8 (int8) A by a 64×16 tile of int8 B into a 16×16 int32 tile, 16 384
 //! multiply-adds an instruction. With an instruction for either signedness of A, A is read
-//! as it is (no flip): of `PackedB`'s terms only `β·rowsum(A)` remains, for an unsigned B. Rust's AMX intrinsics are unstable, so the few tile
-//! instructions are inline assembly; Linux lends a process the tile registers only after it
-//! asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and `available` asks once.
+//! as it is (no flip): of `PackedB`'s terms only the row terms `β·rowsum(A)` remain.
+//! Rust's AMX intrinsics are unstable, so the few tile instructions are inline assembly;
+//! Linux lends a process the tile registers only after it asks
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and `available` asks once.
 //!
 //! The packed B (`PackedB`) is laid out in the tiles' format: four k of a column in 32
 //! bits, 16 quads × 16 columns in one contiguous KiB.
@@ -107,11 +108,12 @@ struct Out(*mut i32);
 // SAFETY: tasks write disjoint blocks of the output, which outlives the loop.
 unsafe impl Sync for Out {}
 
-/// `a` (`[m, k]`, uint8) times `p` into `out` (`[m, n]`).
+/// `a` (`[m, k]`) times `p` into `out` (`[m, n]`), each row's term of `rows` added.
 ///
 /// # Safety
-/// `available()` and `takes(p)`; `a` holds m·k bytes and `out` m·n int32 for p's k and n.
-pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
+/// `available()` and `takes(p)`; `a` holds m·k bytes, `rows` m row terms (`row_terms`) and
+/// `out` m·n int32 for p's k and n.
+pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, rows: &[i32], out: &mut [i32]) {
     let (k, n) = (p.k, p.n);
     if m == 0 || n == 0 {
         return;
@@ -127,19 +129,7 @@ pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
         let out_ptr = &out_ptr;
         let (run, block) = (t / blocks, t % blocks);
         let row0 = block * ROWS;
-        let rows = (m - row0).min(ROWS);
-        let row_fix: [i32; ROWS] = std::array::from_fn(|r| match p.b_unsigned && r < rows {
-            // β·rowsum(A): B was moved to signed by -128 (`PackedB`).
-            true => a[(row0 + r) * k..(row0 + r + 1) * k]
-                .iter()
-                .map(|&x| match p.a_signed {
-                    true => i32::from(x as i8),
-                    false => i32::from(x),
-                })
-                .fold(0i32, i32::wrapping_add)
-                .wrapping_mul(128),
-            false => 0,
-        });
+        let block_rows = (m - row0).min(ROWS);
         let first = run * per_task;
         let last = (first + per_task).min(panels);
         // SAFETY: by this function's contract; the block's rows and the panels' columns
@@ -147,10 +137,9 @@ pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
         unsafe {
             block_panels(
                 a.as_ptr().add(row0 * k),
-                rows,
                 p,
                 first..last,
-                &row_fix,
+                &rows[row0..row0 + block_rows],
                 out_ptr.0.add(row0 * n),
             )
         }
@@ -160,18 +149,18 @@ pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
 /// Runs of panels per row block: enough tasks to share among threads.
 const PANEL_RUNS: usize = 4;
 
-/// One task: `rows` (≤ 32) rows of A times the panels `panels`, written to `out` (the
-/// block's first output row; rows `p.n` apart) with the row terms added.
+/// One task: the rows of A with a term in `row_fix` (≤ 32) times the panels `panels`,
+/// written to `out` (the block's first output row; rows `p.n` apart) with those terms
+/// added.
 #[target_feature(enable = "avx512f")]
 unsafe fn block_panels(
     a: *const u8,
-    rows: usize,
     p: &PackedB,
     panels: std::ops::Range<usize>,
-    row_fix: &[i32; ROWS],
+    row_fix: &[i32],
     out: *mut i32,
 ) {
-    let (k, ldc) = (p.k, p.n);
+    let (k, ldc, rows) = (p.k, p.n, row_fix.len());
     let top = rows.min(16);
     let bottom = rows - top;
     let config = TileConfig::new(top, bottom);
@@ -259,7 +248,7 @@ unsafe fn block_panels(
         // The sums of rows < `rows` were all written by the tile stores above.
         let cols = (p.n - panel * WIDTH).min(WIDTH);
         let out = out.add(panel * WIDTH);
-        for (r, &fix_r) in row_fix.iter().enumerate().take(rows) {
+        for (r, &fix_r) in row_fix.iter().enumerate() {
             let row = _mm512_set1_epi32(fix_r);
             for v in 0..WIDTH / 16 {
                 let lanes = cols.saturating_sub(v * 16).min(16);

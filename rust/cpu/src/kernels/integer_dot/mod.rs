@@ -8,11 +8,12 @@
 //! taken out again by sums. With `α = 128` for a signed A (else 0), `β = 128` for an
 //! unsigned B (else 0), `A' = A + α` and `B' = B − β`:
 //!
-//! `A·B = A'·B' + β·rowsum(A') − α·colsum(B') − α·β·K`
+//! `A·B = A'·B' + β·rowsum(A) − α·colsum(B')`
 //!
-//! B' is packed once (at compile time for a weight) into panels of `WIDTH` columns, four
-//! consecutive k of a column in each 32-bit lane, with the column terms beside it; the row
-//! term is summed per call, and only for an unsigned B. Where the CPU has AMX and Linux
+//! (`β·rowsum(A') − α·β·K` is `β·rowsum(A)`). B' is packed once (at compile time for a
+//! weight) into panels of `WIDTH` columns, four consecutive k of a column in each 32-bit
+//! lane, with the column terms beside it; the row terms are summed once per call, and only
+//! for an unsigned B. Where the CPU has AMX and Linux
 //! lends the tiles (`amx.rs`; `EMBER_CPU_AMX=0` turns it off), products whose k is a
 //! multiple of 64 run on its tile instructions, about twice as fast again at the batch
 //! sizes of inference. Elsewhere (no VNNI, or `EMBER_CPU_SIMD=0`) f32 GEMMs over exact
@@ -22,6 +23,7 @@ use ember_core::dtype::DType;
 
 use crate::buffer::Val;
 use crate::error::{CpuError, KResult};
+
 /// Columns per packed panel: four 16-lane vectors.
 pub const WIDTH: usize = 64;
 /// Rows of A per tile.
@@ -72,11 +74,12 @@ pub struct PackedB {
     /// and N) at [`tile_offset`]`(q, c)` from the panel's start. An AMX B tile is then one
     /// contiguous KiB, and a VNNI vector (16 columns of one quad) 64 bytes.
     data: Vec<i8>,
-    /// `−α·colsum(B') − α·β·K` per column, zero-padded to whole panels.
+    /// `−α·colsum(B')` per column, zero-padded to whole panels: the VNNI kernel's term for
+    /// the flip of a signed A (AMX reads A as it is).
     col_fix: Vec<i32>,
-    /// Whether A's bytes flip to unsigned (A is int8).
+    /// Whether A is int8 (the VNNI kernel flips its bytes to unsigned).
     a_signed: bool,
-    /// Whether B was unsigned (so rows of A need the `β·rowsum(A')` term).
+    /// Whether B was unsigned (so rows of A need the `β·rowsum(A)` term: `row_terms`).
     b_unsigned: bool,
 }
 
@@ -103,22 +106,14 @@ impl PackedB {
                 let v = (byte ^ flip) as i8;
                 let (p, c) = (col / WIDTH, col % WIDTH);
                 data[p * quads * WIDTH * 4 + tile_offset(q, c) + j] = v;
-                col_sum[col] += i32::from(v);
+                col_sum[col] = col_sum[col].wrapping_add(i32::from(v));
             }
         }
         let alpha = if a_signed { 128i32 } else { 0 };
-        let beta = if b_unsigned { 128i32 } else { 0 };
-        let k32 = k as i32;
+        // Padding columns summed zeros: their terms are 0.
         let col_fix = col_sum
             .iter()
-            .enumerate()
-            .map(|(col, &s)| match col < n {
-                true => alpha
-                    .wrapping_mul(s)
-                    .wrapping_add(alpha.wrapping_mul(beta).wrapping_mul(k32))
-                    .wrapping_neg(),
-                false => 0,
-            })
+            .map(|&s| alpha.wrapping_mul(s).wrapping_neg())
             .collect();
         Ok(PackedB {
             k,
@@ -154,20 +149,6 @@ impl PreparedRight {
     }
 }
 
-/// `a · b` (see the module comment); `prepared`, when given, is `b` prepared at compile
-/// time.
-pub fn integer_dot(
-    a: &Val,
-    b: &Val,
-    prepared: Option<&PreparedRight>,
-    threads: usize,
-) -> KResult<Val> {
-    let shape = product_shape(a, b)?;
-    Val::build::<i32>(DType::I32, &shape, |out| {
-        integer_dot_into(a, b, prepared, out, threads)
-    })
-}
-
 /// The shape of `a · b`, checked.
 fn product_shape(a: &Val, b: &Val) -> KResult<Vec<usize>> {
     let (sa, sb) = (a.shape(), b.shape());
@@ -182,7 +163,8 @@ fn product_shape(a: &Val, b: &Val) -> KResult<Vec<usize>> {
     Ok(shape)
 }
 
-/// `a · b` written into `out` (contiguous, the product's shape; every element written).
+/// `a · b` (see the module comment) written into `out` (contiguous, the product's shape;
+/// every element written); `prepared`, when given, is `b` prepared at compile time.
 pub fn integer_dot_into(
     a: &Val,
     b: &Val,
@@ -236,7 +218,7 @@ pub fn integer_dot_into(
                 }
                 // SAFETY: VNNI is available (checked); `a_t` holds m×k bytes and `out_t`
                 // m×n int32, `p` packs a [k, n] operand (checked).
-                unsafe { packed_product(a_t, m, p, out_t, threads) };
+                unsafe { packed_product(a_t, m, p, out_t) };
             }
             PreparedRight::Floats(f) => generic(a_t, a.dtype, f, (m, k, n), out_t, threads)?,
         }
@@ -249,18 +231,39 @@ pub fn integer_dot_into(
 ///
 /// # Safety
 /// As `vnni::product`.
-unsafe fn packed_product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32], threads: usize) {
+unsafe fn packed_product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32]) {
+    let rows = row_terms(a, m, p);
     if amx::available() && amx::takes(p) {
         // SAFETY: checked above; the rest is this function's contract.
-        return unsafe { amx::product(a, m, p, out) };
+        return unsafe { amx::product(a, m, p, &rows, out) };
     }
     // SAFETY: this function's contract.
-    unsafe { vnni::product(a, m, p, out, threads) }
+    unsafe { vnni::product(a, m, p, &rows, out) }
 }
 
-/// Steps of k whose f32 sums are exact: each product of two 8-bit integers is at most 2¹⁵
-/// in magnitude, so 256 of them sum below 2²³, and every partial sum is an integer f32
-/// holds, whatever the order of the additions.
+/// `β·rowsum(A)` for each of A's `m` rows (`a`: `[m, k]`, read as `p`'s A dtype): the row
+/// terms of an unsigned B, zeros for a signed one. Both kernels add them as they store.
+fn row_terms(a: &[u8], m: usize, p: &PackedB) -> Vec<i32> {
+    if !p.b_unsigned || p.k == 0 {
+        return vec![0; m];
+    }
+    a.chunks_exact(p.k)
+        .take(m)
+        .map(|row| {
+            let sum = row.iter().fold(0i32, |s, &x| {
+                s.wrapping_add(match p.a_signed {
+                    true => i32::from(x as i8),
+                    false => i32::from(x),
+                })
+            });
+            sum.wrapping_mul(128)
+        })
+        .collect()
+}
+
+/// Steps of k whose f32 sums are exact: each product of two 8-bit integers is at most
+/// 255² < 2¹⁶ in magnitude, so 256 of them sum below 2²⁴, and every partial sum is an
+/// integer f32 holds, whatever the order of the additions.
 const EXACT_STEPS: usize = 256;
 
 /// B as f32 (`[K, N]`): the right operand of `generic`, converted once for a weight.
@@ -403,19 +406,14 @@ mod vnni {
     /// `a` (`[m, k]`) times `p` into `out` (`[m, n]`).
     ///
     /// # Safety
-    /// The CPU has AVX-512F, BW and VNNI; `a` holds m·k bytes and `out` m·n int32 for p's
-    /// k and n.
-    pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, out: &mut [i32], _threads: usize) {
+    /// The CPU has AVX-512F, BW and VNNI; `a` holds m·k bytes, `rows` m row terms
+    /// (`row_terms`) and `out` m·n int32 for p's k and n.
+    pub unsafe fn product(a: &[u8], m: usize, p: &PackedB, rows: &[i32], out: &mut [i32]) {
         let (k, n) = (p.k, p.n);
         if m == 0 || n == 0 {
             return;
         }
         let flip = if p.a_signed { 0x8080_8080u32 as i32 } else { 0 };
-        let row_sum = |i: usize| -> i32 {
-            let row = &a[i * k..(i + 1) * k];
-            let s: u32 = row.iter().map(|&x| u32::from(x ^ (flip as u8))).sum();
-            (s as i32).wrapping_mul(128)
-        };
         let blocks = m.div_ceil(MR);
         let panels = p.panels();
         let out_ptr = Out(out.as_mut_ptr());
@@ -424,13 +422,9 @@ mod vnni {
             let out_ptr = &out_ptr;
             let (panel, block) = (t / blocks, t % blocks);
             let row0 = block * MR;
-            let rows = (m - row0).min(MR);
+            let block_rows = (m - row0).min(MR);
             let mut row_fix = [0i32; MR];
-            if p.b_unsigned {
-                for (r, f) in row_fix.iter_mut().enumerate().take(rows) {
-                    *f = row_sum(row0 + r);
-                }
-            }
+            row_fix[..block_rows].copy_from_slice(&rows[row0..row0 + block_rows]);
             let tile = Tile {
                 a: a.as_ptr().add(row0 * k),
                 k,
@@ -442,7 +436,7 @@ mod vnni {
                 ldc: n,
                 cols: (n - panel * WIDTH).min(WIDTH),
             };
-            match rows {
+            match block_rows {
                 1 => run_tile::<1>(&tile),
                 2 => run_tile::<2>(&tile),
                 3 => run_tile::<3>(&tile),
@@ -466,7 +460,7 @@ mod amx {
         false
     }
 
-    pub unsafe fn product(_: &[u8], _: usize, _: &PackedB, _: &mut [i32]) {
+    pub unsafe fn product(_: &[u8], _: usize, _: &PackedB, _: &[i32], _: &mut [i32]) {
         unreachable!("AMX kernels exist only on x86-64")
     }
 }
@@ -475,7 +469,7 @@ mod amx {
 mod vnni {
     use super::PackedB;
 
-    pub unsafe fn product(_: &[u8], _: usize, _: &PackedB, _: &mut [i32], _: usize) {
+    pub unsafe fn product(_: &[u8], _: usize, _: &PackedB, _: &[i32], _: &mut [i32]) {
         unreachable!("VNNI kernels exist only on x86-64")
     }
 }
@@ -531,11 +525,12 @@ mod tests {
                 if vnni_available() {
                     let p = PackedB::new(&b, (k, n), bd, ad).unwrap();
                     let mut got = vec![0; m * n];
-                    unsafe { vnni::product(&a, m, &p, &mut got, 1) };
+                    let rows = row_terms(&a, m, &p);
+                    unsafe { vnni::product(&a, m, &p, &rows, &mut got) };
                     assert_eq!(got, want, "vnni {ad}×{bd} {m}×{k}×{n}");
                     if amx::available() && amx::takes(&p) {
                         let mut got = vec![0; m * n];
-                        unsafe { amx::product(&a, m, &p, &mut got) };
+                        unsafe { amx::product(&a, m, &p, &rows, &mut got) };
                         assert_eq!(got, want, "amx {ad}×{bd} {m}×{k}×{n}");
                     }
                 }
@@ -572,15 +567,16 @@ mod speed {
             let mut vnni_us = f64::NAN;
             if vnni_available() {
                 let p = PackedB::new(&b, (k, n), DType::I8, DType::U8).unwrap();
+                let rows = row_terms(&a, m, &p);
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
-                    unsafe { vnni::product(&a, m, &p, &mut out, 1) };
+                    unsafe { vnni::product(&a, m, &p, &rows, &mut out) };
                 }
                 vnni_us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
                 if amx::available() && amx::takes(&p) {
                     let t = std::time::Instant::now();
                     for _ in 0..reps {
-                        unsafe { amx::product(&a, m, &p, &mut out) };
+                        unsafe { amx::product(&a, m, &p, &rows, &mut out) };
                     }
                     let amx_us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
                     println!("{m}x{k}x{n}: amx {amx_us:.1} us");
