@@ -168,6 +168,12 @@ impl Ctx {
         )
     }
 
+    /// Binds `name` to an IR value: a translation that reuses another op's translation
+    /// hands it values under names of its own.
+    pub fn bind(&mut self, name: String, id: ValueId) {
+        self.values.insert(name, Val::of(id));
+    }
+
     /// Required input `k` of `n`.
     pub fn input(&mut self, n: &Node, k: usize) -> Result<ValueId> {
         let name = n
@@ -328,9 +334,17 @@ fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
         };
         let why = if local.contains(&(domain.unwrap_or("").to_owned(), n.op.to_owned())) {
             "calls to model-local functions are not supported".to_owned()
+        } else if domain == Some(ops::MICROSOFT) {
+            if ops::handler_in(domain, n.op).is_some() {
+                continue;
+            }
+            format!(
+                "of the com.microsoft domain Ember reads only {}",
+                ops::MICROSOFT_OPS.join(", ")
+            )
         } else if !is_onnx_domain(domain) {
             format!(
-                "domain '{}' is not supported (only ai.onnx)",
+                "domain '{}' is not supported (only ai.onnx and some com.microsoft ops)",
                 domain.unwrap_or("")
             )
         } else if n.has_subgraph() {
@@ -499,7 +513,8 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
 
     for n in &nodes {
         ctx.b.origin = n.name.clone();
-        let handler = ops::handler(n.op).expect("checked by check_supported");
+        let handler =
+            ops::handler_in(n.proto.domain.as_deref(), n.op).expect("checked by check_supported");
         let outs = handler(&mut ctx, n).map_err(|e| in_node(e, n))?;
         for (k, name) in n.proto.output.iter().enumerate() {
             if name.is_empty() {

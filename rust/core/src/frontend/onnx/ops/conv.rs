@@ -4,7 +4,7 @@
 
 use super::{one, Handler};
 use crate::dim::{format_shape, Dim};
-use crate::dtype::Scalar;
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::conv::{conv_transpose, TransposeParams};
@@ -40,8 +40,9 @@ fn per_dim(n: &Node, name: &str, k: usize, default: i64, min: i64) -> Result<Vec
     Ok(v)
 }
 
-/// The input `[N, C, *spatial]` with its spatial rank (1 to 3, what the IR sweeps).
-fn spatial_input(ctx: &mut Ctx, n: &Node) -> Result<(ValueId, usize)> {
+/// The input `[N, C, *spatial]` with its spatial rank (1 to 3, what the IR sweeps): a
+/// float tensor, or 8-bit integers where `int8` allows them.
+fn spatial_input(ctx: &mut Ctx, n: &Node, int8: bool) -> Result<(ValueId, usize)> {
     let x = ctx.input(n, 0)?;
     let r = ctx.b.rank(x);
     if !(3..=5).contains(&r) {
@@ -53,8 +54,15 @@ fn spatial_input(ctx: &mut Ctx, n: &Node) -> Result<(ValueId, usize)> {
             ),
         ));
     }
-    if !ctx.b.dtype(x).is_float() {
-        return Err(n.err(format!("X must be a float tensor, got {}", ctx.b.dtype(x))));
+    let dtype = ctx.b.dtype(x);
+    let allowed_int = int8 && matches!(dtype, DType::U8 | DType::I8);
+    if !(dtype.is_float() || allowed_int) {
+        let allowed = if int8 {
+            "a float or 8-bit integer"
+        } else {
+            "a float"
+        };
+        return Err(n.err(format!("X must be {allowed} tensor, got {dtype}")));
     }
     Ok((x, r - 2))
 }
@@ -136,7 +144,7 @@ fn weight_kernel(ctx: &Ctx, n: &Node, w: ValueId, k: usize) -> Result<Vec<i64>> 
 }
 
 fn conv(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    let (x, k) = spatial_input(ctx, n)?;
+    let (x, k) = spatial_input(ctx, n, false)?;
     let w = ctx.input(n, 1)?;
     let bias = ctx.opt_input(n, 2)?;
     let kernel = weight_kernel(ctx, n, w, k)?;
@@ -161,7 +169,7 @@ fn conv(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 }
 
 fn conv_transposed(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    let (x, k) = spatial_input(ctx, n)?;
+    let (x, k) = spatial_input(ctx, n, false)?;
     let w = ctx.input(n, 1)?;
     let bias = ctx.opt_input(n, 2)?;
     let kernel = weight_kernel(ctx, n, w, k)?;
@@ -248,7 +256,18 @@ fn pool(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if max && n.wants_output(1) {
         return Err(n.unsupported("the Indices output"));
     }
-    let (x, k) = spatial_input(ctx, n)?;
+    // MaxPool of 8-bit integers (quantized models) picks elements, so it runs exactly on
+    // their float32 values.
+    let (x, k) = spatial_input(ctx, n, max)?;
+    let int8 = (!ctx.b.dtype(x).is_float()).then(|| ctx.b.dtype(x));
+    let x = match int8 {
+        Some(_) => ctx.b.cast(x, DType::F32)?,
+        None => x,
+    };
+    let finish = |ctx: &mut Ctx, y: ValueId| match int8 {
+        Some(t) => one(ctx.b.cast(y, t)?),
+        None => one(y),
+    };
     let kernel = n
         .ints("kernel_shape")?
         .ok_or_else(|| shape_err(n, "kernel_shape is required"))?;
@@ -292,7 +311,8 @@ fn pool(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         .all(|i| pads[i].0 == pads[i].1 && pads[i].0 <= (dilation[i] * (kernel[i] - 1) + 1) / 2);
     if fits {
         let padding = pads.iter().map(|p| p.0).collect();
-        return one(ctx.b.op(pool_op(padding, count_include_pad), &[x])?);
+        let y = ctx.b.op(pool_op(padding, count_include_pad), &[x])?;
+        return finish(ctx, y);
     }
     let mut full_pads = vec![(0, 0); 2];
     full_pads.extend(pads.iter().copied());
@@ -343,7 +363,7 @@ fn pool(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             }
         }
     }
-    one(y)
+    finish(ctx, y)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod elementwise;
 mod index;
 mod linalg;
 mod nn;
+mod qlinear;
 mod quant;
 mod reduce;
 mod resize;
@@ -33,6 +34,20 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| creation::handler(op))
         .or_else(|| resize::handler(op))
         .or_else(|| quant::handler(op))
+        .or_else(|| qlinear::handler(op))
+}
+
+/// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
+pub const MICROSOFT: &str = "com.microsoft";
+pub use qlinear::MICROSOFT_OPS;
+
+/// The translation of `op` in `domain` (ai.onnx when empty).
+pub fn handler_in(domain: Option<&str>, op: &str) -> Option<Handler> {
+    match domain {
+        None | Some("") | Some("ai.onnx") => handler(op),
+        Some(MICROSOFT) => qlinear::microsoft_handler(op),
+        Some(_) => None,
+    }
 }
 
 /// Ops Ember knows but cannot express with the current IR, with the reason.

@@ -28,7 +28,7 @@ pub fn handler(op: &str) -> Option<Handler> {
 }
 
 /// The range of an 8-bit quantized type.
-fn range(n: &Node, dtype: DType) -> Result<(f64, f64)> {
+pub(super) fn range(n: &Node, dtype: DType) -> Result<(f64, f64)> {
     match dtype {
         DType::U8 => Ok((0.0, 255.0)),
         DType::I8 => Ok((-128.0, 127.0)),
@@ -70,7 +70,7 @@ fn along_axis(ctx: &mut Ctx, n: &Node, p: ValueId, x: ValueId, what: &str) -> Re
 
 /// `saturate(round(x / scale) + zero_point)` in the scale's float type, then cast to the
 /// quantized type (whose integers that type holds exactly).
-fn quantize_with(
+pub(super) fn quantize_with(
     ctx: &mut Ctx,
     n: &Node,
     x: ValueId,
@@ -79,9 +79,22 @@ fn quantize_with(
     to: DType,
 ) -> Result<ValueId> {
     let float = ctx.b.dtype(scale);
-    let (lo, hi) = range(n, to)?;
     let x = ctx.b.cast(x, float)?;
     let scaled = bin(ctx, BinaryOp::Div, x, scale)?;
+    round_into(ctx, n, scaled, zero, to)
+}
+
+/// `saturate(round(scaled) + zero_point)` (round half to even, in `scaled`'s float type),
+/// cast to the quantized type `to`.
+pub(super) fn round_into(
+    ctx: &mut Ctx,
+    n: &Node,
+    scaled: ValueId,
+    zero: Option<ValueId>,
+    to: DType,
+) -> Result<ValueId> {
+    let float = ctx.b.dtype(scaled);
+    let (lo, hi) = range(n, to)?;
     let mut q = ctx.b.unary(UnaryOp::Round, scaled)?;
     if let Some(z) = zero {
         let z = ctx.b.cast(z, float)?;
@@ -126,23 +139,35 @@ fn dequantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         other => return Err(n.unsupported(format!("dequantizing {other}"))),
     }
     let scale = along_axis(ctx, n, scale, x, "x_scale")?;
-    let mut v = ctx.b.cast(x, float)?;
     let mut zero = None;
     if let Some(z) = ctx.opt_input(n, 2)? {
         if ctx.b.dtype(z) != ctx.b.dtype(x) {
             return Err(n.err("x_zero_point must have x's type"));
         }
-        let z = along_axis(ctx, n, z, x, "x_zero_point")?;
-        zero = Some(z);
-        let z = ctx.b.cast(z, float)?;
-        v = bin(ctx, BinaryOp::Sub, v, z)?;
+        zero = Some(along_axis(ctx, n, z, x, "x_zero_point")?);
     }
-    let y = bin(ctx, BinaryOp::Mul, v, scale)?;
+    let y = dequantize_with(ctx, x, scale, zero)?;
     if matches!(ctx.b.dtype(x), DType::U8 | DType::I8) {
         let d = Dequantized { q: x, scale, zero };
         ctx.dequantized.insert(y, d);
     }
     one(y)
+}
+
+/// `(q - zero_point) · scale` in the scale's float type.
+pub(super) fn dequantize_with(
+    ctx: &mut Ctx,
+    q: ValueId,
+    scale: ValueId,
+    zero: Option<ValueId>,
+) -> Result<ValueId> {
+    let float = ctx.b.dtype(scale);
+    let mut v = ctx.b.cast(q, float)?;
+    if let Some(z) = zero {
+        let z = ctx.b.cast(z, float)?;
+        v = bin(ctx, BinaryOp::Sub, v, z)?;
+    }
+    bin(ctx, BinaryOp::Mul, v, scale)
 }
 
 /// uint8 quantization of x over its own range (widened to include 0): `y_scale = (max(x, 0)
@@ -222,7 +247,7 @@ fn matmul_integer(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// last). The 8-bit integers themselves go to `IntegerDot` (the integer kernels); the zero
 /// points become corrections by sums, exactly: `(A - za)(B - zb) = A·B - rowsum(A)·zb -
 /// za·colsum(B - zb)`, where a weight's column sums are computed once, at compile time.
-fn integer_product(
+pub(super) fn integer_product(
     ctx: &mut Ctx,
     a: ValueId,
     b: ValueId,
