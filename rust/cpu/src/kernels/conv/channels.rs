@@ -91,17 +91,8 @@ pub fn conv_channels(
     let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out, origins, starts) = (&buf[..], &lay, &out, &origins, &starts);
-        // With threads, a few blocks per thread so a late helper still finds work.
-        let block = match threads {
-            1 => ROWS_PER_BLOCK,
-            _ => ROWS_PER_BLOCK
-                .min(op.div_ceil(par::threads() * 4).next_multiple_of(ROWS))
-                .max(ROWS),
-        };
-        // Blocks as even as the plane allows (49 positions as 25 + 24, not 48 + 1).
-        let blocks = op.div_ceil(block);
-        let work = |bi: usize| {
-            let (first, end) = (bi * op / blocks, (bi + 1) * op / blocks);
+        // Output positions [first, end): every group of output channels over them.
+        let block = |first: usize, end: usize| {
             // Tiles as even as the block allows (49 positions as 9 tiles of 5–6, not 8 of
             // 6 and one of 1, which is bound by its weight loads).
             let tiles = (end - first).div_ceil(ROWS);
@@ -151,10 +142,24 @@ pub fn conv_channels(
                 }
             }
         };
-        if threads > 1 {
-            par::for_each(blocks, work);
-        } else {
-            (0..blocks).for_each(work);
+        // Each thread takes one contiguous, even share of the positions, in even blocks
+        // (49 positions as 25 + 24, not 48 + 1): interleaved blocks share cache lines at
+        // their edges in every output plane, uneven shares leave a thread idle.
+        let share = |t: usize, tasks: usize| {
+            let (first, end) = (t * op / tasks, (t + 1) * op / tasks);
+            let blocks = (end - first).div_ceil(ROWS_PER_BLOCK);
+            for b in 0..blocks {
+                let at = first + b * (end - first) / blocks;
+                block(at, first + (b + 1) * (end - first) / blocks);
+            }
+        };
+        let tasks = match threads {
+            1 => 1,
+            _ => par::threads().min(op.div_ceil(ROWS)),
+        };
+        match tasks {
+            1 => share(0, 1),
+            _ => par::for_each(tasks, |t| share(t, tasks)),
         }
     };
     with_padded(lay.len(g.cg), run);

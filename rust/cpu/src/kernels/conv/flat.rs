@@ -328,15 +328,8 @@ pub fn conv_flat(
     let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out, segs, seg_starts) = (&buf[..], &lay, &out, &segs, &seg_starts);
-        // With threads, a few blocks per thread so a late helper still finds work.
-        let block = match threads {
-            1 => VECTORS_PER_BLOCK,
-            _ => VECTORS_PER_BLOCK
-                .min(lay.vectors.div_ceil(par::threads() * 4))
-                .max(1),
-        };
-        let work = |bi: usize| {
-            let (first, end) = (bi * block, ((bi + 1) * block).min(lay.vectors));
+        // Vectors [first, end): every panel over them (a block's inputs stay in L1).
+        let block = |first: usize, end: usize| {
             for p in 0..panels {
                 let rows = MR.min(g.og - p * MR);
                 // Tiles as even as the block allows: 5 vectors as 3 + 2, not 4 + 1 (a
@@ -373,11 +366,25 @@ pub fn conv_flat(
                 }
             }
         };
-        let blocks = lay.vectors.div_ceil(block);
-        if threads > 1 {
-            par::for_each(blocks, work);
-        } else {
-            (0..blocks).for_each(work);
+        // Each thread takes one contiguous, even share of the vectors, in blocks: threads
+        // that interleave blocks share the cache lines at every block edge of every output
+        // plane (that cost a 3-channel stem conv all of its second thread), and uneven
+        // shares leave a thread idle on small planes.
+        let share = |t: usize, tasks: usize| {
+            let (first, end) = (t * lay.vectors / tasks, (t + 1) * lay.vectors / tasks);
+            let blocks = (end - first).div_ceil(VECTORS_PER_BLOCK);
+            for b in 0..blocks {
+                let at = first + b * (end - first) / blocks;
+                block(at, first + (b + 1) * (end - first) / blocks);
+            }
+        };
+        let tasks = match threads {
+            1 => 1,
+            _ => par::threads().min(lay.vectors),
+        };
+        match tasks {
+            1 => share(0, 1),
+            _ => par::for_each(tasks, |t| share(t, tasks)),
         }
     };
     with_padded(lay.len(g.cg), run);

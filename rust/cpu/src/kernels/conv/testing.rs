@@ -156,15 +156,19 @@ pub fn check_cases(cases: &[Case], kernel: Kernel, how: Weights, poison: impl Fn
             // NaN sentinels in the output: an output never written shows up too.
             let mut y = vec![f32::NAN; og * g.out_plane()];
             poison();
-            kernel(
-                &g,
-                &pa,
-                &x,
-                with_bias.then_some(&bias[..]),
-                &mut y,
-                threads,
-                relu,
-            );
+            // Two threads for real: the caller and a helper split the work.
+            let helpers = crate::par::Helpers::for_threads(threads);
+            crate::par::with_helpers(&helpers, threads, || {
+                kernel(
+                    &g,
+                    &pa,
+                    &x,
+                    with_bias.then_some(&bias[..]),
+                    &mut y,
+                    threads,
+                    relu,
+                )
+            });
             for (j, (&a, &b)) in y.iter().zip(&want).enumerate() {
                 assert!(
                     (a as f64 - b).abs() <= 1e-4 * (1.0 + b.abs()),
@@ -193,15 +197,23 @@ pub fn speed(kernel: Kernel, how: Weights) {
         let pa = packed(og, kk, &w, how);
         let mut y = vec![0.0f32; og * g.out_plane()];
         let flop = 2.0 * (og * g.out_plane() * kk) as f64;
+        // EMBER_SPEED_THREADS=2 times the kernel on two threads (the caller and a helper).
+        let threads: usize = std::env::var("EMBER_SPEED_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let helpers = crate::par::Helpers::for_threads(threads);
         let mut best = f64::MAX;
-        for _ in 0..7 {
-            let t = std::time::Instant::now();
-            let n = (2e8 / flop).ceil() as usize;
-            for _ in 0..n {
-                kernel(&g, &pa, &x, None, &mut y, 1, false);
+        crate::par::with_helpers(&helpers, threads, || {
+            for _ in 0..7 {
+                let t = std::time::Instant::now();
+                let n = (2e8 / flop).ceil() as usize;
+                for _ in 0..n {
+                    kernel(&g, &pa, &x, None, &mut y, threads, false);
+                }
+                best = best.min(t.elapsed().as_secs_f64() / n as f64);
             }
-            best = best.min(t.elapsed().as_secs_f64() / n as f64);
-        }
+        });
         println!(
             "{cg}->{og} {hw}x{hw} s{s}: {:.1} us {:.1} GFLOP/s",
             best * 1e6,
