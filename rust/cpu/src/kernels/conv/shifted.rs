@@ -208,17 +208,10 @@ pub fn conv_shifted(
     let run = |buf: &mut [f32]| {
         lay.fill(g, x, buf);
         let (buf, lay, out) = (&buf[..], &lay, &out);
-        // Blocks of pairs, each running every panel of the weight over its pairs in turn,
-        // so a panel is read from L2 once per block; with threads, a few blocks per thread so
-        // a late helper still finds work.
-        let block = match threads {
-            1 => PAIRS_PER_BLOCK,
-            _ => PAIRS_PER_BLOCK
-                .min(pairs.div_ceil(par::threads() * 4))
-                .max(1),
-        };
-        let work = |bi: usize| {
-            let (first, end) = (2 * bi * block, (2 * (bi + 1) * block).min(vectors));
+        // Pairs [first, end): every panel of the weight over their vectors in turn, so a
+        // panel is read from L2 once per block.
+        let block = |first: usize, end: usize| {
+            let (first, end) = (2 * first, (2 * end).min(vectors));
             for p in 0..panels {
                 let rows = MR.min(g.og - p * MR);
                 let per = vectors_per_tile(rows);
@@ -251,11 +244,24 @@ pub fn conv_shifted(
                 }
             }
         };
-        let blocks = pairs.div_ceil(block);
-        if threads > 1 {
-            par::for_each(blocks, work);
-        } else {
-            (0..blocks).for_each(work);
+        // Each thread takes one contiguous, even share of the pairs, in even blocks:
+        // interleaved blocks share cache lines at their edges in every output plane, and
+        // uneven shares leave a thread idle on small planes.
+        let share = |t: usize, tasks: usize| {
+            let (first, end) = (t * pairs / tasks, (t + 1) * pairs / tasks);
+            let blocks = (end - first).div_ceil(PAIRS_PER_BLOCK);
+            for b in 0..blocks {
+                let at = first + b * (end - first) / blocks;
+                block(at, first + (b + 1) * (end - first) / blocks);
+            }
+        };
+        let tasks = match threads {
+            1 => 1,
+            _ => par::threads().min(pairs),
+        };
+        match tasks {
+            1 => share(0, 1),
+            _ => par::for_each(tasks, |t| share(t, tasks)),
         }
     };
     with_padded(g.cg * lay.chan, run);
