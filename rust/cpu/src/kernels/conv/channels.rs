@@ -89,7 +89,7 @@ pub fn conv_channels(
     let panels = g.og.div_ceil(NR);
     let out = OutPtr(y.as_mut_ptr());
     let run = |buf: &mut [f32]| {
-        lay.fill(g, x, buf);
+        lay.fill(g, x, buf, threads);
         let (buf, lay, out, origins, starts) = (&buf[..], &lay, &out, &origins, &starts);
         // Output positions [first, end): every group of output channels over them.
         let block = |first: usize, end: usize| {

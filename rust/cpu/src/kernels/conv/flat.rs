@@ -29,6 +29,9 @@ const MAX_VECTORS: usize = 4;
 /// Vectors per block of work: every weight panel runs over a block before the next block,
 /// so the block's inputs stay in L1 while the panels stream from L2.
 const VECTORS_PER_BLOCK: usize = 16;
+/// Floats of a padded copy worth filling on several threads (below, the hand-off costs
+/// more than half the copy).
+const MIN_SPLIT_FILL: usize = 16 * 1024;
 
 /// Whether the kernel runs here (AVX-512) and suits this conv: at least half the lanes of
 /// its vectors are outputs.
@@ -143,21 +146,34 @@ impl Layout {
     }
 
     /// Writes the padded, phase-split copy of `x` (`cg` input planes) into `buf`: every
-    /// entry of every channel, zero where it is padding. Requires AVX-512F (as the kernels
-    /// that read the copy).
-    pub(super) fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
+    /// entry of every channel, zero where it is padding. With `threads`, channels are
+    /// split between them: a serial copy was 10–20 % of a two-thread conv on a small plane.
+    /// Requires AVX-512F (as the kernels that read the copy).
+    pub(super) fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32], threads: usize) {
         assert!(
             crate::simd::avx512_available(),
             "the padded copy is for AVX-512 kernels"
         );
-        // SAFETY: AVX-512F is present (asserted).
-        unsafe { self.fill_avx512(g, x, buf) }
+        let tasks = match threads {
+            1 => 1,
+            _ => par::threads().min(g.cg),
+        };
+        let copy = &mut buf[..g.cg * self.chan];
+        if tasks == 1 || copy.len() < MIN_SPLIT_FILL {
+            // SAFETY: AVX-512F is present (asserted).
+            return unsafe { self.fill_avx512(g, x, 0, copy) };
+        }
+        let per = g.cg.div_ceil(tasks) * self.chan;
+        par::for_chunks_mut(copy, per, |start, part| {
+            // SAFETY: as above; `part` holds whole channels from `start / chan`.
+            unsafe { self.fill_avx512(g, x, start / self.chan, part) }
+        });
     }
 
     /// `fill`, compiled for AVX-512 so the row copies inline: a copy is a few vectors, and
     /// calls and loop setup per row were most of a stride-2 fill's time.
     #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
-    unsafe fn fill_avx512(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
+    unsafe fn fill_avx512(&self, g: &Geom, x: &[f32], first: usize, buf: &mut [f32]) {
         let [d, h, w] = &g.ax;
         let [sd, sh, sw] = &self.splits;
         let ip = g.in_plane();
@@ -172,7 +188,8 @@ impl Layout {
             .iter()
             .map(|&r| PhaseCols::new(w, r, self.row))
             .collect();
-        for (c, dst) in buf.chunks_mut(self.chan).take(g.cg).enumerate() {
+        for (i, dst) in buf.chunks_mut(self.chan).enumerate() {
+            let c = first + i;
             let xc = &x[c * ip..(c + 1) * ip];
             let mut rows = dst.chunks_mut(self.row);
             for &rd in &sd.phases {
@@ -326,7 +343,7 @@ pub fn conv_flat(
     let panels = g.og.div_ceil(MR);
     let out = OutPtr(y.as_mut_ptr());
     let run = |buf: &mut [f32]| {
-        lay.fill(g, x, buf);
+        lay.fill(g, x, buf, threads);
         let (buf, lay, out, segs, seg_starts) = (&buf[..], &lay, &out, &segs, &seg_starts);
         // Vectors [first, end): every panel over them (a block's inputs stay in L1).
         let block = |first: usize, end: usize| {
@@ -665,7 +682,7 @@ mod tests {
             let mut best = f64::MAX;
             for _ in 0..2000 {
                 let t = std::time::Instant::now();
-                lay.fill(&g, &x, &mut buf);
+                lay.fill(&g, &x, &mut buf, 1);
                 best = best.min(t.elapsed().as_secs_f64());
             }
             println!("s{s} fill {:.2} us, {} floats", best * 1e6, buf.len());
