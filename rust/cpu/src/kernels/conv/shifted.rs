@@ -83,7 +83,8 @@ impl Layout {
     /// into `buf` (`cg · chan` floats).
     /// Rows, planes and phases no tap reads (a strided 1×1 conv reads one row in `stride`
     /// and one phase) are left unwritten.
-    fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32]) {
+    /// With `threads`, channels are split between them (as `flat`'s copy).
+    fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32], threads: usize) {
         let [d, h, w] = &g.ax;
         let ip = g.in_plane();
         let (rows_d, rows_h) = (self.chan / self.plane, self.plane / self.row);
@@ -102,7 +103,7 @@ impl Layout {
         for l in 0..w.kernel {
             used_phase[l * w.dilation % w.stride] = true;
         }
-        for (c, dst) in buf.chunks_mut(self.chan).take(g.cg).enumerate() {
+        let channel = |c: usize, dst: &mut [f32]| {
             let xc = &x[c * ip..(c + 1) * ip];
             for rd in (0..rows_d).filter(|&r| used_d[r]) {
                 let id = rd as isize - d.pad as isize;
@@ -146,9 +147,30 @@ impl Layout {
                     }
                 }
             }
+        };
+        let copy = &mut buf[..g.cg * self.chan];
+        let tasks = match threads {
+            1 => 1,
+            _ => par::threads().min(g.cg),
+        };
+        if tasks == 1 || copy.len() < MIN_SPLIT_FILL {
+            copy.chunks_mut(self.chan)
+                .enumerate()
+                .for_each(|(c, dst)| channel(c, dst));
+            return;
         }
+        let per = g.cg.div_ceil(tasks) * self.chan;
+        par::for_chunks_mut(copy, per, |start, part| {
+            for (i, dst) in part.chunks_mut(self.chan).enumerate() {
+                channel(start / self.chan + i, dst);
+            }
+        });
     }
 }
+
+/// Floats of a padded copy worth filling on several threads (below, the hand-off costs
+/// more than half the copy).
+const MIN_SPLIT_FILL: usize = 16 * 1024;
 
 /// One output vector: 8 (or `live`) consecutive outputs of one output row.
 #[derive(Clone, Copy)]
@@ -206,7 +228,7 @@ pub fn conv_shifted(
     let panels = g.og.div_ceil(MR);
     let out = OutPtr(y.as_mut_ptr());
     let run = |buf: &mut [f32]| {
-        lay.fill(g, x, buf);
+        lay.fill(g, x, buf, threads);
         let (buf, lay, out) = (&buf[..], &lay, &out);
         // Pairs [first, end): every panel of the weight over their vectors in turn, so a
         // panel is read from L2 once per block.
