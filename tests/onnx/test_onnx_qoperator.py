@@ -14,10 +14,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from ember.onnx import load_program
 from onnx import helper
 from onnx_util import check, make_model, ort_run, randn, rng, single
 
 MS = "com.microsoft"
+# The CUDA backend's generated kernels, run by its emulator, where the wheel has them.
+BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 def conv_int64(x, w, pads, stride=1, group=1):
@@ -85,7 +88,8 @@ def test_conv_integer_matches_onnx_runtime(zero_points) -> None:
     assert y.dtype == np.int32
 
 
-def test_conv_integer_is_exact_past_float32s_integers() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_integer_is_exact_past_float32s_integers(backend) -> None:
     # Sums of 255 · 128 over 64 channels of 3x3 reach 18.8M > 2^24: float32 alone would
     # round them, so the channels are split into exact parts.
     x = np.full((1, 64, 6, 6), 255, np.uint8)
@@ -101,7 +105,7 @@ def test_conv_integer_is_exact_past_float32s_integers() -> None:
         initializers={"w": w, "xz": np.array(0, np.uint8), "wz": wz},
         input_names=["x", "w", "xz", "wz"],
     )
-    (y,) = ember.compile_onnx(model)(x=x)
+    (y,) = ember.compile_onnx(model, backend=backend)(x=x)
     want = conv_int64(x, w.astype(np.int64) - wz.astype(np.int64)[:, None, None, None], 1)
     assert np.abs(want).max() > 2**24
     np.testing.assert_array_equal(y, want.astype(np.int32))
@@ -309,12 +313,11 @@ class SmallCnn(torch.nn.Module):
         return self.head(torch.nn.functional.adaptive_avg_pool2d(z, 1).flatten(1))
 
 
-@pytest.mark.parametrize("fmt", ["QOperator", "QDQ"])
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_statically_quantized_cnn(tmp_path, fmt, per_channel) -> None:
+def quantized_cnn(folder, fmt: str, per_channel: bool) -> onnx.ModelProto:
+    """`SmallCnn` quantized by quantize_static in format `fmt`."""
     quantization = pytest.importorskip("onnxruntime.quantization")
     torch.manual_seed(0)
-    src, dst = tmp_path / "cnn.onnx", tmp_path / "cnn.int8.onnx"
+    src, dst = folder / "cnn.onnx", folder / f"cnn.{fmt}.onnx"
     torch.onnx.export(
         SmallCnn().eval(),
         (torch.randn(2, 3, 16, 16),),
@@ -338,14 +341,32 @@ def test_statically_quantized_cnn(tmp_path, fmt, per_channel) -> None:
         quant_format=getattr(quantization.QuantFormat, fmt),
         per_channel=per_channel,
     )
-    quantized = onnx.load(str(dst))
+    return onnx.load(str(dst))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["QOperator", "QDQ"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_statically_quantized_cnn(tmp_path, fmt, per_channel, backend) -> None:
+    quantized = quantized_cnn(tmp_path, fmt, per_channel)
     ops = {n.op_type for n in quantized.graph.node}
     if fmt == "QOperator":
         assert {"QLinearConv", "QGemm", "QLinearAdd", "QLinearMul"} <= ops, ops
     x = randn(2, 3, 16, 16, seed=20)
     (want,) = ort_run(quantized, {"x": x})
-    (got,) = ember.compile_onnx(quantized)(x=x)
-    # The float output is a dequantized int8: allow a few of its quanta, where ORT's fused
-    # kernels round a value on a boundary the other way and the step propagates.
+    (got,) = ember.compile_onnx(quantized, backend=backend)(x=x)
+    # The float output is a dequantized int8: allow one of its quanta, where a value sits
+    # on a rounding boundary.
     step = np.min(np.diff(np.unique(want)))
     np.testing.assert_allclose(got, want, rtol=0, atol=step + 1e-6)
+
+
+@pytest.mark.nvrtc
+def test_quantized_cnn_kernels_compile_with_nvrtc(tmp_path) -> None:
+    if not ember.cuda.cuda_built() or ember.cuda.nvrtc_version() is None:
+        pytest.skip("no CUDA backend in this build, or libnvrtc not found")
+    program = load_program(quantized_cnn(tmp_path, "QOperator", True))
+    generated = ember.cuda.generated_source(program)
+    assert generated["kernels"], "no kernels generated"
+    for arch in ("sm_80", "sm_90"):
+        assert ember.cuda.nvrtc_compile(generated["source"], arch) > 0
