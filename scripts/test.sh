@@ -17,6 +17,7 @@ fi
 python3 -m ruff check python tests bench
 python3 -m pytest -q -p no:cacheprovider
 # The conv kernels AVX2-only CPUs pick (the AVX-512 ones take these shapes here), and the
-# integer products they run without VNNI (f32 GEMMs over exact chunks).
+# integer products and quantized convs they run without VNNI (f32 GEMMs over exact chunks).
 EMBER_CPU_AVX512=0 python3 -m pytest -q -p no:cacheprovider tests/ops/test_conv.py -k cpu
-EMBER_CPU_AVX512=0 python3 -m pytest -q -p no:cacheprovider tests/onnx/test_onnx_quant.py
+EMBER_CPU_AVX512=0 python3 -m pytest -q -p no:cacheprovider tests/onnx/test_onnx_quant.py \
+    tests/onnx/test_onnx_qoperator.py
