@@ -13,9 +13,8 @@
 //! time at the k of the channel counts this runs on).
 
 use super::flat::Layout;
-use super::{with_padded, Geom, OutPtr};
+use super::{for_shares, with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, NR};
-use crate::par;
 
 /// Output positions per tile.
 const ROWS: usize = 6;
@@ -142,25 +141,8 @@ pub fn conv_channels(
                 }
             }
         };
-        // Each thread takes one contiguous, even share of the positions, in even blocks
-        // (49 positions as 25 + 24, not 48 + 1): interleaved blocks share cache lines at
-        // their edges in every output plane, uneven shares leave a thread idle.
-        let share = |t: usize, tasks: usize| {
-            let (first, end) = (t * op / tasks, (t + 1) * op / tasks);
-            let blocks = (end - first).div_ceil(ROWS_PER_BLOCK);
-            for b in 0..blocks {
-                let at = first + b * (end - first) / blocks;
-                block(at, first + (b + 1) * (end - first) / blocks);
-            }
-        };
-        let tasks = match threads {
-            1 => 1,
-            _ => par::threads().min(op.div_ceil(ROWS)),
-        };
-        match tasks {
-            1 => share(0, 1),
-            _ => par::for_each(tasks, |t| share(t, tasks)),
-        }
+        // Blocks as even as the plane allows (49 positions as 25 + 24, not 48 + 1).
+        for_shares(op, ROWS_PER_BLOCK, ROWS, threads, block);
     };
     with_padded(lay.len(g.cg), run);
 }

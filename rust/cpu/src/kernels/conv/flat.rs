@@ -16,10 +16,9 @@
 //! vectors, a broadcast of the weight and `V` loads of the input per step of k (every tap
 //! of every input channel). Stores are masked per output row a vector touches.
 
-use super::{with_padded, Geom, OutPtr};
+use super::{fill_channels, for_shares, with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, MR};
 use crate::kernels::window::Axis;
-use crate::par;
 
 /// Lanes per vector: virtual output positions one load covers.
 const LANES: usize = 16;
@@ -29,9 +28,6 @@ const MAX_VECTORS: usize = 4;
 /// Vectors per block of work: every weight panel runs over a block before the next block,
 /// so the block's inputs stay in L1 while the panels stream from L2.
 const VECTORS_PER_BLOCK: usize = 16;
-/// Floats of a padded copy worth filling on several threads (below, the hand-off costs
-/// more than half the copy).
-const MIN_SPLIT_FILL: usize = 16 * 1024;
 
 /// Whether the kernel runs here (AVX-512) and suits this conv: at least half the lanes of
 /// its vectors are outputs.
@@ -154,20 +150,16 @@ impl Layout {
             crate::simd::avx512_available(),
             "the padded copy is for AVX-512 kernels"
         );
-        let tasks = match threads {
-            1 => 1,
-            _ => par::threads().min(g.cg),
-        };
-        let copy = &mut buf[..g.cg * self.chan];
-        if tasks == 1 || copy.len() < MIN_SPLIT_FILL {
-            // SAFETY: AVX-512F is present (asserted).
-            return unsafe { self.fill_avx512(g, x, 0, copy) };
-        }
-        let per = g.cg.div_ceil(tasks) * self.chan;
-        par::for_chunks_mut(copy, per, |start, part| {
-            // SAFETY: as above; `part` holds whole channels from `start / chan`.
-            unsafe { self.fill_avx512(g, x, start / self.chan, part) }
-        });
+        fill_channels(
+            &mut buf[..g.cg * self.chan],
+            self.chan,
+            threads,
+            |first, part| {
+                // SAFETY: AVX-512F is present (asserted); `part` holds whole channels from
+                // `first`.
+                unsafe { self.fill_avx512(g, x, first, part) }
+            },
+        );
     }
 
     /// `fill`, compiled for AVX-512 so the row copies inline: a copy is a few vectors, and
@@ -383,26 +375,7 @@ pub fn conv_flat(
                 }
             }
         };
-        // Each thread takes one contiguous, even share of the vectors, in blocks: threads
-        // that interleave blocks share the cache lines at every block edge of every output
-        // plane (that cost a 3-channel stem conv all of its second thread), and uneven
-        // shares leave a thread idle on small planes.
-        let share = |t: usize, tasks: usize| {
-            let (first, end) = (t * lay.vectors / tasks, (t + 1) * lay.vectors / tasks);
-            let blocks = (end - first).div_ceil(VECTORS_PER_BLOCK);
-            for b in 0..blocks {
-                let at = first + b * (end - first) / blocks;
-                block(at, first + (b + 1) * (end - first) / blocks);
-            }
-        };
-        let tasks = match threads {
-            1 => 1,
-            _ => par::threads().min(lay.vectors),
-        };
-        match tasks {
-            1 => share(0, 1),
-            _ => par::for_each(tasks, |t| share(t, tasks)),
-        }
+        for_shares(lay.vectors, VECTORS_PER_BLOCK, 1, threads, block);
     };
     with_padded(lay.len(g.cg), run);
 }

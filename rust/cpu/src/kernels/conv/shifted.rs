@@ -13,9 +13,8 @@
 //! The padded copy costs about one pass over the input; output rows narrower than 8 leave
 //! lanes idle, so `suits` keeps narrow outputs on the im2col path.
 
-use super::{with_padded, Geom, OutPtr};
+use super::{fill_channels, for_shares, with_padded, Geom, OutPtr};
 use crate::kernels::sgemm::{Packed, MR};
-use crate::par;
 
 /// Lanes per vector: outputs along the last spatial axis that one load covers.
 const LANES: usize = 8;
@@ -148,29 +147,18 @@ impl Layout {
                 }
             }
         };
-        let copy = &mut buf[..g.cg * self.chan];
-        let tasks = match threads {
-            1 => 1,
-            _ => par::threads().min(g.cg),
-        };
-        if tasks == 1 || copy.len() < MIN_SPLIT_FILL {
-            copy.chunks_mut(self.chan)
-                .enumerate()
-                .for_each(|(c, dst)| channel(c, dst));
-            return;
-        }
-        let per = g.cg.div_ceil(tasks) * self.chan;
-        par::for_chunks_mut(copy, per, |start, part| {
-            for (i, dst) in part.chunks_mut(self.chan).enumerate() {
-                channel(start / self.chan + i, dst);
-            }
-        });
+        fill_channels(
+            &mut buf[..g.cg * self.chan],
+            self.chan,
+            threads,
+            |first, part| {
+                for (i, dst) in part.chunks_mut(self.chan).enumerate() {
+                    channel(first + i, dst);
+                }
+            },
+        );
     }
 }
-
-/// Floats of a padded copy worth filling on several threads (below, the hand-off costs
-/// more than half the copy).
-const MIN_SPLIT_FILL: usize = 16 * 1024;
 
 /// One output vector: 8 (or `live`) consecutive outputs of one output row.
 #[derive(Clone, Copy)]
@@ -266,25 +254,7 @@ pub fn conv_shifted(
                 }
             }
         };
-        // Each thread takes one contiguous, even share of the pairs, in even blocks:
-        // interleaved blocks share cache lines at their edges in every output plane, and
-        // uneven shares leave a thread idle on small planes.
-        let share = |t: usize, tasks: usize| {
-            let (first, end) = (t * pairs / tasks, (t + 1) * pairs / tasks);
-            let blocks = (end - first).div_ceil(PAIRS_PER_BLOCK);
-            for b in 0..blocks {
-                let at = first + b * (end - first) / blocks;
-                block(at, first + (b + 1) * (end - first) / blocks);
-            }
-        };
-        let tasks = match threads {
-            1 => 1,
-            _ => par::threads().min(pairs),
-        };
-        match tasks {
-            1 => share(0, 1),
-            _ => par::for_each(tasks, |t| share(t, tasks)),
-        }
+        for_shares(pairs, PAIRS_PER_BLOCK, 1, threads, block);
     };
     with_padded(g.cg * lay.chan, run);
 }
