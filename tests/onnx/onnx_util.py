@@ -112,4 +112,27 @@ def ints(*shape: int, low: int = -5, high: int = 6, seed: int = 0, dtype: Any = 
     return rng(seed).integers(low, high, size=shape).astype(dtype)
 
 
-__all__ = ["TensorProto", "check", "ints", "make_model", "ort_run", "randn", "single"]
+def calibration(batches: Sequence[dict[str, np.ndarray]]) -> Any:
+    """An ``onnxruntime.quantization`` calibration reader that yields ``batches``."""
+    from onnxruntime import quantization
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(batches)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    return Reader()
+
+
+__all__ = [
+    "TensorProto",
+    "calibration",
+    "check",
+    "ints",
+    "make_model",
+    "ort_run",
+    "randn",
+    "single",
+]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from ember.onnx import load_program
 from onnx import helper
-from onnx_util import check, make_model, ort_run, randn, rng, single
+from onnx_util import calibration, check, make_model, ort_run, randn, rng, single
 
 MS = "com.microsoft"
 # The CUDA backend's generated kernels, run by its emulator, where the wheel has them.
@@ -327,17 +327,10 @@ def quantized_cnn(folder, fmt: str, per_channel: bool) -> onnx.ModelProto:
         input_names=["x"],
     )
 
-    class Calibration(quantization.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"x": randn(2, 3, 16, 16, seed=s)} for s in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     quantization.quantize_static(
         str(src),
         str(dst),
-        Calibration(),
+        calibration([{"x": randn(2, 3, 16, 16, seed=s)} for s in range(4)]),
         quant_format=getattr(quantization.QuantFormat, fmt),
         per_channel=per_channel,
     )

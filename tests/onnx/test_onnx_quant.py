@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx_util import check, make_model, randn, rng, single
+from onnx_util import calibration, check, make_model, randn, rng, single
 
 
 @pytest.mark.parametrize("qtype", [np.uint8, np.int8])
@@ -150,17 +150,10 @@ def test_statically_quantized_qdq_model(tmp_path, per_channel) -> None:
     src, dst = tmp_path / "mlp.onnx", tmp_path / "mlp.qdq.onnx"
     onnx.save(proto, src)
 
-    class Calibration(quantization.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"x": randn(8, 64, seed=s)} for s in range(4)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     quantization.quantize_static(
         str(src),
         str(dst),
-        Calibration(),
+        calibration([{"x": randn(8, 64, seed=s)} for s in range(4)]),
         quant_format=quantization.QuantFormat.QDQ,
         per_channel=per_channel,
     )

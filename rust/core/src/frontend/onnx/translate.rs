@@ -340,7 +340,7 @@ fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
             }
             format!(
                 "of the com.microsoft domain Ember reads only {}",
-                ops::MICROSOFT_OPS.join(", ")
+                ops::microsoft_ops().join(", ")
             )
         } else if !is_onnx_domain(domain) {
             format!(

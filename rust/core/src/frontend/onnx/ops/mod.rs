@@ -39,7 +39,7 @@ pub fn handler(op: &str) -> Option<Handler> {
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
 pub const MICROSOFT: &str = "com.microsoft";
-pub use qlinear::MICROSOFT_OPS;
+pub use qlinear::microsoft_ops;
 
 /// The translation of `op` in `domain` (ai.onnx when empty).
 pub fn handler_in(domain: Option<&str>, op: &str) -> Option<Handler> {

@@ -28,28 +28,28 @@ pub fn handler(op: &str) -> Option<Handler> {
     })
 }
 
-/// The `com.microsoft` ops Ember reads.
-pub const MICROSOFT_OPS: &[&str] = &[
-    "QGemm",
-    "QLinearAdd",
-    "QLinearAveragePool",
-    "QLinearConcat",
-    "QLinearGlobalAveragePool",
-    "QLinearLeakyRelu",
-    "QLinearMul",
-    "QLinearSigmoid",
+/// The `com.microsoft` ops Ember reads, with their translations.
+const MICROSOFT: &[(&str, Handler)] = &[
+    ("QGemm", qgemm),
+    ("QLinearAdd", qlinear_binary),
+    ("QLinearAveragePool", qlinear_average_pool),
+    ("QLinearConcat", qlinear_concat),
+    ("QLinearGlobalAveragePool", qlinear_global_average_pool),
+    ("QLinearLeakyRelu", qlinear_activation),
+    ("QLinearMul", qlinear_binary),
+    ("QLinearSigmoid", qlinear_activation),
 ];
 
 pub fn microsoft_handler(op: &str) -> Option<Handler> {
-    Some(match op {
-        "QGemm" => qgemm,
-        "QLinearAdd" | "QLinearMul" => qlinear_binary,
-        "QLinearSigmoid" | "QLinearLeakyRelu" => qlinear_activation,
-        "QLinearGlobalAveragePool" => qlinear_global_average_pool,
-        "QLinearAveragePool" => qlinear_average_pool,
-        "QLinearConcat" => qlinear_concat,
-        _ => return None,
-    })
+    MICROSOFT
+        .iter()
+        .find(|(name, _)| *name == op)
+        .map(|&(_, h)| h)
+}
+
+/// The names of the `com.microsoft` ops Ember reads (for error messages).
+pub fn microsoft_ops() -> Vec<&'static str> {
+    MICROSOFT.iter().map(|&(name, _)| name).collect()
 }
 
 /// Every integer up to 2^24 in magnitude is a float32, so a float32 sum of integers is
@@ -64,6 +64,34 @@ fn per_tensor(ctx: &mut Ctx, n: &Node, v: ValueId, what: &str) -> Result<ValueId
         [d] if *d == Dim::Const(1) => ctx.b.reshape(v, vec![]),
         _ => Err(n.unsupported(format!(
             "{what} of shape {} (Ember reads a per-tensor {what} here)",
+            format_shape(&shape)
+        ))),
+    }
+}
+
+/// A per-tensor or per-output-channel parameter of a convolution (0-d, one element, or
+/// `outs` elements): 0-d, or `[O, 1, ..]` of `dims` dims, which broadcasts against the
+/// weight `[O, C/group, *kernel]` (`dims` its rank) or the output `[N, O, *spatial]`
+/// (`dims` one less than its rank).
+fn per_output_channel(
+    ctx: &mut Ctx,
+    n: &Node,
+    v: ValueId,
+    outs: &Dim,
+    dims: usize,
+    what: &str,
+) -> Result<ValueId> {
+    let shape = ctx.b.shape(v);
+    match shape.as_slice() {
+        [] => Ok(v),
+        [d] if *d == Dim::Const(1) => ctx.b.reshape(v, vec![]),
+        [d] if d == outs => {
+            let mut to = vec![Dim::Const(1); dims];
+            to[0] = d.clone();
+            ctx.b.reshape(v, to)
+        }
+        _ => Err(n.err(format!(
+            "{what} {} must be a scalar or one per output channel ({outs})",
             format_shape(&shape)
         ))),
     }
@@ -213,35 +241,27 @@ fn integer_conv(ctx: &mut Ctx, n: &Node, at: [usize; 4]) -> Result<ValueId> {
     };
     let (outs, per_group) = (dims[0] as usize, dims[1] as usize);
     let taps: usize = dims[2..].iter().map(|&d| d as usize).product();
-    // w's zero point: per tensor, or one per output channel (shaped to broadcast).
+    // w's zero point: per tensor, or one per output channel.
     let mut w_zero = None;
     if let Some(z) = ctx.opt_input(n, iwz)? {
         if ctx.b.dtype(z) != w_type {
             return Err(n.err("the weight's zero point must have the weight's type"));
         }
-        let zs = ctx.b.shape(z);
-        w_zero = Some(match zs.as_slice() {
-            [] => z,
-            [d] if *d == Dim::Const(1) => ctx.b.reshape(z, vec![])?,
-            [d] if *d == Dim::Const(outs as i64) => {
-                let mut to = vec![Dim::Const(1); dims.len()];
-                to[0] = d.clone();
-                ctx.b.reshape(z, to)?
-            }
-            _ => {
-                return Err(n.err(format!(
-                    "the weight's zero point {} must be a scalar or one per output channel \
-                     ({outs})",
-                    format_shape(&zs)
-                )))
-            }
-        });
+        let outs = Dim::Const(outs as i64);
+        w_zero = Some(per_output_channel(
+            ctx,
+            n,
+            z,
+            &outs,
+            dims.len(),
+            "w_zero_point",
+        )?);
     }
-    let x_zeros = x_zero.and_then(|_| ctx.const_floats(n, ixz));
-    let x_reach = reach(
-        range(n, x_type)?,
-        x_zero.map_or(Some(&[0.0][..]), |_| x_zeros.as_deref()),
-    );
+    let x_zeros = match x_zero {
+        None => Some(vec![0.0]),
+        Some(_) => ctx.const_floats(n, ixz),
+    };
+    let x_reach = reach(range(n, x_type)?, x_zeros.as_deref());
     let w_zeros = match w_zero {
         None => Some(vec![0.0]),
         Some(_) => ctx.const_floats(n, iwz),
@@ -341,36 +361,20 @@ fn qlinear_conv(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let x = ctx.input(n, 0)?;
     let x_type = ctx.b.dtype(x);
     let mut acc = integer_conv(ctx, n, [0, 2, 3, 5])?;
-    let rank = ctx.b.rank(acc);
+    // Per-channel parameters broadcast against [N, O, *spatial] from O on.
+    let dims = ctx.b.rank(acc) - 1;
     let outs = ctx.b.shape(acc)[1].clone();
-    // A per-output-channel vector, shaped to broadcast against [N, O, *spatial].
-    let per_channel = |ctx: &mut Ctx, v: ValueId, what: &str| -> Result<ValueId> {
-        let s = ctx.b.shape(v);
-        match s.as_slice() {
-            [] => Ok(v),
-            [d] if *d == Dim::Const(1) => ctx.b.reshape(v, vec![]),
-            [d] if *d == outs => {
-                let mut to = vec![Dim::Const(1); rank - 1];
-                to[0] = d.clone();
-                ctx.b.reshape(v, to)
-            }
-            _ => Err(n.err(format!(
-                "{what} {} must be a scalar or one per output channel",
-                format_shape(&s)
-            ))),
-        }
-    };
     if let Some(bias) = ctx.opt_input(n, 8)? {
         if ctx.b.dtype(bias) != DType::I32 {
             return Err(n.err(format!("bias must be int32, got {}", ctx.b.dtype(bias))));
         }
-        let bias = per_channel(ctx, bias, "bias")?;
+        let bias = per_output_channel(ctx, n, bias, &outs, dims, "bias")?;
         acc = bin(ctx, BinaryOp::Add, acc, bias)?;
     }
     let x_scale = ctx.input(n, 1)?;
     let x_scale = per_tensor(ctx, n, x_scale, "x_scale")?;
     let w_scale = ctx.input(n, 4)?;
-    let w_scale = per_channel(ctx, w_scale, "w_scale")?;
+    let w_scale = per_output_channel(ctx, n, w_scale, &outs, dims, "w_scale")?;
     let y_scale = ctx.input(n, 6)?;
     let y_scale = per_tensor(ctx, n, y_scale, "y_scale")?;
     let product = bin(ctx, BinaryOp::Mul, x_scale, w_scale)?;
