@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ember_core::dtype::DType;
 
 use crate::buffer::{is_aligned, Layout, Storage, Val};
+use crate::compile::Plan;
 use crate::error::{CpuError, KResult};
 
 #[derive(Default)]
@@ -20,9 +21,32 @@ pub struct Arena {
     free: BTreeMap<usize, Vec<(Vec<u64>, u64)>>,
     /// Calls served so far.
     call: u64,
+    /// The last call's table of node values and its plan: the plan's fixed values stay in
+    /// it, so the next call of that plan starts without cloning them.
+    values: Option<(Arc<Plan>, Vec<Option<Val>>)>,
 }
 
 impl Arena {
+    /// A call's table of node values, holding `plan`'s fixed values (`Plan::fixed`) and
+    /// nothing else.
+    pub fn values_for(&mut self, plan: &Arc<Plan>) -> Vec<Option<Val>> {
+        match self.values.take() {
+            Some((kept, vals)) if Arc::ptr_eq(&kept, plan) => vals,
+            _ => plan.fixed.clone(),
+        }
+    }
+
+    /// Keeps a finished call's table for the next call of `plan`, less every value that
+    /// is not fixed.
+    pub fn keep_values(&mut self, plan: &Arc<Plan>, mut vals: Vec<Option<Val>>) {
+        for (v, fixed) in vals.iter_mut().zip(&plan.fixed) {
+            if fixed.is_none() {
+                *v = None;
+            }
+        }
+        self.values = Some((plan.clone(), vals));
+    }
+
     /// A buffer of at least `bytes` bytes, reused when one of up to twice the size is free.
     /// Its contents are arbitrary (every bit pattern is a valid element).
     fn take(&mut self, bytes: usize) -> Vec<u64> {

@@ -111,14 +111,14 @@ pub unsafe fn write_output(val: &Val, out: &TensorOut, k: usize) -> Result<()> {
 /// into `outputs`, which must be valid for writes and alias no input: `run`'s contract).
 pub fn execute(
     prog: &Program,
-    plan: &Plan,
+    plan: &Arc<Plan>,
     inputs: Vec<Val>,
     outputs: &[TensorOut],
     threads: usize,
     arena: &mut Arena,
 ) -> Result<Vec<Val>> {
     let g = &prog.graph;
-    let mut vals: Vec<Option<Val>> = vec![None; g.nodes.len()];
+    let mut vals = arena.values_for(plan);
     let mut inputs: Vec<Option<Val>> = inputs.into_iter().map(Some).collect();
     // The caller buffer each output node may write into (its first place among the outputs).
     let mut direct: Vec<Option<*mut u8>> = vec![None; g.nodes.len()];
@@ -126,6 +126,9 @@ pub fn execute(
         direct[o] = Some(out.ptr);
     }
     for (id, node) in g.nodes.iter().enumerate() {
+        if plan.fixed[id].is_some() {
+            continue;
+        }
         let started = profile::start();
         let val = match (prog.fusion.role[id], &node.op) {
             (Role::Member(_), _) => continue,
@@ -183,21 +186,24 @@ pub fn execute(
         }
         vals[id] = Some(val);
         for &i in &prog.reads[id] {
-            if prog.last_use[i] == id {
+            if prog.last_use[i] == id && plan.fixed[i].is_none() {
                 if let Some(v) = vals[i].take() {
                     arena.give(v);
                 }
             }
         }
     }
-    g.outputs
+    let results = g
+        .outputs
         .iter()
         .map(|&o| {
             vals[o]
                 .clone()
                 .ok_or_else(|| Error::Runtime(format!("output %{o} was freed")))
         })
-        .collect()
+        .collect();
+    arena.keep_values(plan, vals);
+    results
 }
 
 /// What a profile calls step `id`: its op, or the kind of fused group it ends.
@@ -211,6 +217,8 @@ fn step_label(prog: &Program, id: usize) -> String {
                     "fused {} + {ops} elementwise",
                     prog.graph.nodes[h.dot].op.name()
                 ),
+                // A group of one op is that op (`round`, `cast`), unfused.
+                None if ops == 1 => prog.graph.nodes[grp.root].op.name(),
                 None => format!("fused {ops} elementwise"),
             }
         }
@@ -422,7 +430,7 @@ fn run_integer_dot(
     dest.finish()
 }
 
-fn eval(
+pub(crate) fn eval(
     prog: &Program,
     plan: &Plan,
     id: usize,
