@@ -10,6 +10,8 @@
 use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
 
+use crate::kernels::chain::{self, Run};
+
 /// How the executor treats a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -48,6 +50,8 @@ pub struct Group {
     pub steps: Vec<Step>,
     /// Scratch slots needed (leaves first, then reused step slots).
     pub slots: usize,
+    /// How the steps run: one by one, or in register-resident chains (`kernels::chain`).
+    pub runs: Vec<Run>,
 }
 
 pub struct Fusion {
@@ -186,12 +190,14 @@ impl Fusion {
                     Role::Member(k)
                 };
             }
+            let runs = chain::runs(g, &consumers, &steps);
             groups.push(Group {
                 root,
                 leaves,
                 head,
                 steps,
                 slots,
+                runs,
             });
         }
         Fusion { role, groups }
@@ -309,5 +315,54 @@ mod tests {
             .groups
             .iter()
             .all(|k| k.head.is_none()));
+    }
+
+    /// A quantizing pass (scale, round, shift, clamp, cast to int8) is one register chain
+    /// where the CPU runs chains; a step whose result is read twice ends a chain.
+    #[test]
+    fn quantize_pass_is_one_chain() {
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, &[4, 40]);
+        let s = input(&mut g, 1, &[4, 40]);
+        let bin = |g: &mut Graph, op, a, b| g.add(Op::Binary(op), &[a, b], "b").unwrap();
+        let d = bin(&mut g, BinaryOp::Div, x, s);
+        let r = g.add(Op::Unary(UnaryOp::Round), &[d], "r").unwrap();
+        let a = bin(&mut g, BinaryOp::Add, r, s);
+        let lo = bin(&mut g, BinaryOp::Max, a, s);
+        let hi = bin(&mut g, BinaryOp::Min, lo, s);
+        let q = g.add(Op::Cast { to: DType::I8 }, &[hi], "q").unwrap();
+        g.outputs.push(q);
+        let f = Fusion::plan(&g, true);
+        let runs = &f.groups[0].runs;
+        match chain::available() {
+            true => assert!(
+                matches!(runs[..], [Run::Chain(ref c)] if c.last == 5),
+                "{runs:?}"
+            ),
+            false => assert_eq!(runs.len(), 6),
+        }
+        // `r` also read later: the chain ends at `r`, whose value a second chain reads.
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, &[4, 40]);
+        let s = input(&mut g, 1, &[4, 40]);
+        let d = bin(&mut g, BinaryOp::Div, x, s);
+        let r = g.add(Op::Unary(UnaryOp::Round), &[d], "r").unwrap();
+        let a = bin(&mut g, BinaryOp::Add, r, s);
+        let m = bin(&mut g, BinaryOp::Max, a, s);
+        let t = bin(&mut g, BinaryOp::Add, m, r);
+        let q = g.add(Op::Cast { to: DType::I8 }, &[t], "q").unwrap();
+        g.outputs.push(q);
+        let f = Fusion::plan(&g, true);
+        let chains: Vec<usize> = f.groups[0]
+            .runs
+            .iter()
+            .filter_map(|r| match r {
+                Run::Chain(c) => Some(c.last),
+                Run::Step(_) => None,
+            })
+            .collect();
+        if chain::available() {
+            assert_eq!(chains, vec![1, 5], "{:?}", f.groups[0].runs);
+        }
     }
 }

@@ -498,3 +498,193 @@ fn concurrent_calls_share_no_buffers() {
         }
     });
 }
+
+/// Runs fused and unfused and demands the same bits (no interpreter: NaN and overflow are
+/// the point of these inputs), NaNs aside: any NaN equals any other, since LLVM keeps
+/// neither a NaN's payload nor its sign (it may commute `p + q` when both are NaN).
+fn check_same_bits(g: &Graph, inputs: &[Value], what: &str) {
+    let strided = contiguous(inputs);
+    let w = Weights::new();
+    let fused = run_cpu_strided(&CpuBackend::new(2).with_fusion(true), g, &w, &strided)
+        .unwrap_or_else(|e| panic!("{what}: fused: {e}"));
+    let plain = run_cpu_strided(&CpuBackend::new(2).with_fusion(false), g, &w, &strided)
+        .unwrap_or_else(|e| panic!("{what}: unfused: {e}"));
+    for (k, (f, p)) in fused.iter().zip(&plain).enumerate() {
+        let (fb, pb) = (f.to_bytes(), p.to_bytes());
+        let size = f.dtype.size();
+        let nan =
+            |b: &[u8]| f.dtype == DType::F32 && f32::from_le_bytes(b.try_into().unwrap()).is_nan();
+        let differs = |i: usize| {
+            let (a, b) = (&fb[i * size..][..size], &pb[i * size..][..size]);
+            a != b && !(nan(a) && nan(b))
+        };
+        if let Some(i) = (0..fb.len() / size).find(|&i| differs(i)) {
+            panic!(
+                "{what} output {k}: element {i} fused {:?} unfused {:?}",
+                &fb[i * size..][..size],
+                &pb[i * size..][..size]
+            );
+        }
+    }
+}
+
+/// f32 values where the vector chains (`kernels::chain`) could part from the step closures:
+/// NaN, infinities, signed zeros, halfway cases, values past int32 and int8, subnormals.
+fn awkward_floats(rng: &mut Rng, n: usize) -> Vec<f64> {
+    let special = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        1.5,
+        2.5,
+        -2.5,
+        127.5,
+        -128.5,
+        255.5,
+        300.2,
+        -129.7,
+        3e9,
+        -3e9,
+        2147483520.0,
+        2147483648.0,
+        -2147483648.0,
+        1e-40,
+        -1e-40,
+        1e30,
+        -1e30,
+    ];
+    (0..n)
+        .map(|i| match i % 3 {
+            0 => special[(i / 3) % special.len()],
+            _ => rng.range(-300.0, 300.0),
+        })
+        .collect()
+}
+
+/// Every op the register chains have, in chains of each kind: f32 arithmetic with the
+/// chain's value as either operand (row, scalar and full operands), the unary ops, int32
+/// arithmetic, and casts between f32, int32, int8 and uint8 in every direction; lengths
+/// that leave partial vectors. Fused (chains where the CPU has AVX-512) and unfused must
+/// agree bit for bit.
+#[test]
+fn register_chains_match_their_steps_bit_for_bit() {
+    let mut rng = Rng::new(31);
+    for shape in [[3usize, 7], [33, 67], [8, 512]] {
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, DType::F32, &shape);
+        let y = input(&mut g, 1, DType::F32, &shape);
+        let row = input(&mut g, 2, DType::F32, &[shape[1]]);
+        let xi = input(&mut g, 3, DType::I32, &shape);
+        let xb = input(&mut g, 4, DType::I8, &shape);
+        let r = broadcast_row(&mut g, row, &shape);
+        let s = full(&mut g, DType::F32, &shape, 1.37);
+        // f32 binary ops, the value first and second.
+        let mut v = bin(&mut g, BinaryOp::Add, x, y);
+        for (op, value_first, other) in [
+            (BinaryOp::Sub, false, y),
+            (BinaryOp::Mul, true, s),
+            (BinaryOp::Div, false, y),
+            (BinaryOp::Div, true, r),
+            (BinaryOp::Max, true, y),
+            (BinaryOp::Max, false, r),
+            (BinaryOp::Min, true, r),
+            (BinaryOp::Min, false, y),
+            (BinaryOp::Sub, true, s),
+        ] {
+            v = match value_first {
+                true => bin(&mut g, op, v, other),
+                false => bin(&mut g, op, other, v),
+            };
+        }
+        g.outputs.push(v);
+        // Unary ops, scaled between the roundings so that each one matters.
+        let mut u = x;
+        for op in [
+            UnaryOp::Round,
+            UnaryOp::Floor,
+            UnaryOp::Ceil,
+            UnaryOp::Trunc,
+            UnaryOp::Neg,
+            UnaryOp::Relu,
+            UnaryOp::Abs,
+            UnaryOp::Sqrt,
+            UnaryOp::Recip,
+            UnaryOp::Rsqrt,
+            UnaryOp::Gelu,
+            UnaryOp::Tanh,
+            UnaryOp::Silu,
+            UnaryOp::GeluTanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::Exp,
+        ] {
+            u = bin(&mut g, BinaryOp::Mul, u, s);
+            u = un(&mut g, op, u);
+        }
+        // The transcendentals on the awkward values themselves.
+        for op in [UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::Silu, UnaryOp::Tanh] {
+            let t = un(&mut g, op, y);
+            let sum = bin(&mut g, BinaryOp::Add, t, x);
+            g.outputs.push(sum);
+        }
+        g.outputs.push(u);
+        // Casts and int32 arithmetic: quantize-like chains through every integer lane kind.
+        let cast =
+            |g: &mut Graph, v: ValueId, to: DType| g.add(Op::Cast { to }, &[v], "c").unwrap();
+        let mut c = cast(&mut g, x, DType::I32);
+        c = bin(&mut g, BinaryOp::Add, c, xi);
+        c = bin(&mut g, BinaryOp::Sub, xi, c);
+        c = bin(&mut g, BinaryOp::Mul, c, xi);
+        c = bin(&mut g, BinaryOp::Max, c, xi);
+        c = bin(&mut g, BinaryOp::Min, xi, c);
+        c = bin(&mut g, BinaryOp::Sub, c, xi);
+        for to in [
+            DType::I8,
+            DType::F32,
+            DType::U8,
+            DType::I32,
+            DType::U8,
+            DType::I8,
+            DType::I32,
+            DType::F32,
+            DType::I8,
+            DType::U8,
+            DType::F32,
+        ] {
+            c = cast(&mut g, c, to);
+        }
+        g.outputs.push(c);
+        let q = cast(&mut g, y, DType::U8);
+        let q = cast(&mut g, q, DType::F32);
+        let q = bin(&mut g, BinaryOp::Add, q, x);
+        let q = cast(&mut g, q, DType::I8);
+        g.outputs.push(q);
+        let b = cast(&mut g, xb, DType::F32);
+        let b = bin(&mut g, BinaryOp::Mul, b, s);
+        let b = cast(&mut g, b, DType::U8);
+        g.outputs.push(b);
+        let n: usize = shape.iter().product();
+        let ints: Vec<i64> = (0..n)
+            .map(|i| match i % 5 {
+                0 => i64::from(i32::MAX),
+                1 => i64::from(i32::MIN),
+                _ => rng.int(-100_000, 100_000),
+            })
+            .collect();
+        let ins = [
+            Value::from_f64(DType::F32, shape.to_vec(), awkward_floats(&mut rng, n)),
+            Value::from_f64(DType::F32, shape.to_vec(), awkward_floats(&mut rng, n)),
+            Value::from_f64(
+                DType::F32,
+                vec![shape[1]],
+                awkward_floats(&mut rng, shape[1]),
+            ),
+            Value::from_i64(DType::I32, shape.to_vec(), ints),
+            random(&mut rng, DType::I8, &shape, -128.0, 127.0),
+        ];
+        check_same_bits(&g, &ins, &format!("chains {shape:?}"));
+    }
+}

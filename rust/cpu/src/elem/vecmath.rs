@@ -177,7 +177,7 @@ macro_rules! vector_math {
         /// `fastmath::exp`.
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn exp(x: V) -> V {
+        pub(crate) fn exp(x: V) -> V {
             // max/min return their second operand for NaN lanes; those are fixed at the end.
             let xc = min(max(x, splat(c::EXP_MIN)), splat(c::EXP_MAX));
             let k = fmadd(xc, splat(c::LOG2E), splat(c::ROUND_MAGIC));
@@ -204,7 +204,7 @@ macro_rules! vector_math {
         /// sign above (NaN stays NaN through the exp).
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn tanh(x: V) -> V {
+        pub(crate) fn tanh(x: V) -> V {
             let a = abs(x);
             let z = mul(x, x);
             let p = horner(z, c::TANH_POLY);
@@ -218,14 +218,14 @@ macro_rules! vector_math {
         /// 1 / (1 + e^-x).
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn sigmoid(x: V) -> V {
+        pub(crate) fn sigmoid(x: V) -> V {
             let e = exp(xor(x, splat(-0.0)));
             div(splat(1.0), add(splat(1.0), e))
         }
 
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn silu(x: V) -> V {
+        pub(crate) fn silu(x: V) -> V {
             mul(x, sigmoid(x))
         }
 
@@ -243,14 +243,14 @@ macro_rules! vector_math {
 
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn gelu(x: V) -> V {
+        pub(crate) fn gelu(x: V) -> V {
             let e = one_plus_erf(mul(x, splat(std::f32::consts::FRAC_1_SQRT_2)));
             mul(mul(x, splat(0.5)), e)
         }
 
         #[target_feature(enable = $feature)]
         #[inline]
-        pub(super) fn gelu_tanh(x: V) -> V {
+        pub(crate) fn gelu_tanh(x: V) -> V {
             let cube = mul(mul(splat(GELU_TANH_A), x), x);
             let inner = mul(splat(GELU_TANH_K), fmadd(cube, x, x));
             let t = add(splat(1.0), tanh(inner));
@@ -383,9 +383,10 @@ mod x86 {
     }
 }
 
-/// The same kernels sixteen lanes at a time, where the CPU has AVX-512F.
+/// The same kernels sixteen lanes at a time, where the CPU has AVX-512F (their one-vector
+/// forms also run inside `kernels::chain`).
 #[cfg(target_arch = "x86_64")]
-mod x86_512 {
+pub(crate) mod x86_512 {
     use super::{Kernel, GELU_TANH_A, GELU_TANH_K};
     use crate::elem::fastmath::consts as c;
     use std::arch::x86_64::*;

@@ -9,6 +9,7 @@ use std::marker::PhantomData;
 use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op, UnaryOp};
 
+use super::chain::{self, Chain, Run};
 use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
 use crate::arena::Dest;
 use crate::buffer::Val;
@@ -174,13 +175,21 @@ impl<'a> Pass<'a> {
                     Kind::Strided => unsafe { gather(l, at, len, slot(i)) },
                 }
             }
-            for step in &self.grp.steps {
-                let dst = if step.out == usize::MAX {
+            for run in &self.grp.runs {
+                let last = match run {
+                    Run::Step(k) | Run::Chain(Chain { last: k, .. }) => &self.grp.steps[*k],
+                };
+                let dst = if last.out == usize::MAX {
                     shared.out.wrapping_add(at * self.out_size)
                 } else {
-                    slot(step.out)
+                    slot(last.out)
                 };
-                apply(self.g, step.node, &step.args, &ptrs, dst, len)?;
+                match run {
+                    Run::Step(_) => apply(self.g, last.node, &last.args, &ptrs, dst, len)?,
+                    // SAFETY: chains are planned only where they run; every slot holds this
+                    // block's `len` elements of its dtype and `dst` has room for `len`.
+                    Run::Chain(c) => unsafe { chain::run(c, &ptrs, dst, len) },
+                }
             }
             at += len;
         }
