@@ -524,10 +524,16 @@ mod tests {
                 assert_eq!(got, want, "generic {ad}×{bd} {m}×{k}×{n}");
                 if vnni_available() {
                     let p = PackedB::new(&b, (k, n), bd, ad).unwrap();
-                    let mut got = vec![0; m * n];
                     let rows = row_terms(&a, m, &p);
-                    unsafe { vnni::product(&a, m, &p, &rows, &mut got) };
-                    assert_eq!(got, want, "vnni {ad}×{bd} {m}×{k}×{n}");
+                    // Two threads for real: the caller and a helper split the tiles.
+                    for threads in [1, 2] {
+                        let mut got = vec![0; m * n];
+                        let helpers = crate::par::Helpers::for_threads(threads);
+                        crate::par::with_helpers(&helpers, threads, || unsafe {
+                            vnni::product(&a, m, &p, &rows, &mut got)
+                        });
+                        assert_eq!(got, want, "vnni {ad}×{bd} {m}×{k}×{n} {threads} threads");
+                    }
                     if amx::available() && amx::takes(&p) {
                         let mut got = vec![0; m * n];
                         unsafe { amx::product(&a, m, &p, &rows, &mut got) };
@@ -545,6 +551,7 @@ mod speed {
     use crate::kernels::testing::bytes;
 
     /// `cargo test -p ember-cpu --release --lib -- --ignored integer_dot_speed --nocapture`
+    /// (`EMBER_SPEED_THREADS=2`: VNNI on two threads)
     #[test]
     #[ignore]
     fn integer_dot_speed() {
@@ -568,10 +575,18 @@ mod speed {
             if vnni_available() {
                 let p = PackedB::new(&b, (k, n), DType::I8, DType::U8).unwrap();
                 let rows = row_terms(&a, m, &p);
+                // EMBER_SPEED_THREADS=2 times VNNI on two threads (the caller and a helper).
+                let threads: usize = std::env::var("EMBER_SPEED_THREADS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1);
+                let helpers = crate::par::Helpers::for_threads(threads);
                 let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    unsafe { vnni::product(&a, m, &p, &rows, &mut out) };
-                }
+                crate::par::with_helpers(&helpers, threads, || {
+                    for _ in 0..reps {
+                        unsafe { vnni::product(&a, m, &p, &rows, &mut out) };
+                    }
+                });
                 vnni_us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
                 if amx::available() && amx::takes(&p) {
                     let t = std::time::Instant::now();
