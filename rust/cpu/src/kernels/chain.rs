@@ -7,7 +7,8 @@
 //!
 //! AVX-512 only. Each op is the IEEE operation, or the conversion, that the step closures of
 //! `elementwise.rs` compute (NaN handling, saturation and wrapping included), so a chain's
-//! results are those of its steps bit for bit; `tests/fusion.rs` checks this against the
+//! results are those of its steps bit for bit (a NaN's payload and sign aside, which LLVM
+//! keeps in the steps no more than here); `tests/fusion.rs` checks this against the
 //! unfused program.
 
 use ember_core::dtype::DType;
