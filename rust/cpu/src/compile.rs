@@ -450,12 +450,13 @@ impl Program {
         let g = &self.graph;
         let mut fixed: Vec<Option<Val>> = vec![None; g.nodes.len()];
         for (id, node) in g.nodes.iter().enumerate() {
-            let source = node.inputs.is_empty() && !matches!(node.op, Op::Input { .. });
-            let view_of_fixed = (node.op.is_view()
-                || matches!(node.op, Op::Kernel { .. } | Op::Permute { .. })
-                    && self.bound[id].is_some())
-                && node.inputs.iter().all(|&i| fixed[i].is_some());
-            if !(source || view_of_fixed) || self.fusion.role[id] != Role::Plain {
+            // Bound at compile time (weights, constants, a `Full`'s scalar, a pre-packed
+            // permute) or a source (`Iota`), or a view of fixed values.
+            let known = self.bound[id].is_some()
+                || node.inputs.is_empty() && !matches!(node.op, Op::Input { .. });
+            let view_of_fixed =
+                node.op.is_view() && node.inputs.iter().all(|&i| fixed[i].is_some());
+            if !(known || view_of_fixed) || self.fusion.role[id] != Role::Plain {
                 continue;
             }
             let Ok(val) = crate::exec::eval(self, plan, id, node, &fixed, 1) else {
@@ -467,7 +468,7 @@ impl Program {
                 .filter_map(|&i| fixed[i].as_ref())
                 .any(|v| Arc::ptr_eq(&v.storage, &val.storage));
             let small = val.numel() as i64 <= ember_core::backend::MAX_FOLDED_ELEMS;
-            if source || shares_storage || small {
+            if known || shares_storage || small {
                 fixed[id] = Some(val);
             }
         }

@@ -27,6 +27,22 @@ pub enum Kernel {
     GeluTanh,
 }
 
+impl Kernel {
+    /// The kernel of a unary op, if it has one.
+    pub fn of(op: ember_core::ir::UnaryOp) -> Option<Kernel> {
+        use ember_core::ir::UnaryOp as U;
+        match op {
+            U::Exp => Some(Kernel::Exp),
+            U::Tanh => Some(Kernel::Tanh),
+            U::Sigmoid => Some(Kernel::Sigmoid),
+            U::Silu => Some(Kernel::Silu),
+            U::Gelu => Some(Kernel::Gelu),
+            U::GeluTanh => Some(Kernel::GeluTanh),
+            _ => None,
+        }
+    }
+}
+
 /// √(2/π), GELU's tanh form.
 const GELU_TANH_K: f32 = 0.797_884_6;
 const GELU_TANH_A: f32 = 0.044_715;

@@ -14,12 +14,13 @@
 use ember_core::dtype::DType;
 use ember_core::ir::{BinaryOp, Graph, Op, UnaryOp};
 
+use crate::elem::vecmath::Kernel;
 use crate::fuse::Step;
 
 /// How a chain holds 16 elements in a 512-bit register: f32 bits, or int32 (int8 and
 /// uint8 values sign- and zero-extended).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lanes {
+enum Lanes {
     F32,
     I32,
     I8,
@@ -69,13 +70,8 @@ enum VecOp {
     Sqrt,
     Recip,
     Rsqrt,
-    /// The transcendental kernels of `elem::vecmath`, one vector at a time.
-    Exp,
-    Tanh,
-    Sigmoid,
-    Silu,
-    Gelu,
-    GeluTanh,
+    /// A transcendental kernel of `elem::vecmath`, one vector at a time.
+    Transcendental(Kernel),
     /// f32 to int32, saturating, NaN to 0.
     FloatToI32,
     /// Integer lanes to f32.
@@ -138,7 +134,7 @@ pub fn runs(g: &Graph, consumers: &[Vec<usize>], steps: &[Step]) -> Vec<Run> {
         };
         let mut ops = first;
         let mut j = k;
-        while j + 1 < n && feeds_only(g, consumers, &steps[j], &steps[j + 1]) {
+        while j + 1 < n && feeds_only(consumers, &steps[j], &steps[j + 1]) {
             match link(g, &steps[j + 1], steps[j].out) {
                 Some(more) => ops.extend(more),
                 None => break,
@@ -161,13 +157,10 @@ pub fn runs(g: &Graph, consumers: &[Vec<usize>], steps: &[Step]) -> Vec<Run> {
 }
 
 /// Whether `prev`'s result is read by `next` alone (`consumers`: each node's readers), as
-/// exactly one of its operands.
-fn feeds_only(g: &Graph, consumers: &[Vec<usize>], prev: &Step, next: &Step) -> bool {
-    let reads = |ids: &[usize], x: usize| ids.iter().filter(|&&i| i == x).count();
-    consumers[prev.node] == [next.node]
-        && !g.outputs.contains(&prev.node)
-        && reads(&next.args, prev.out) == 1
-        && reads(&g.nodes[next.node].inputs, prev.node) == 1
+/// exactly one of its operands. (A step before the root is never a graph output: the
+/// planner keeps outputs out of groups but as roots.)
+fn feeds_only(consumers: &[Vec<usize>], prev: &Step, next: &Step) -> bool {
+    consumers[prev.node] == [next.node] && next.args.iter().filter(|&&a| a == prev.out).count() == 1
 }
 
 /// `step` as the first ops of a chain: the slot and lanes it reads, and the ops.
@@ -195,6 +188,8 @@ fn vector_ops(g: &Graph, step: &Step, at: usize) -> Option<Vec<VecOp>> {
     let dtype = operand_dtype(g, step, at);
     let one = |op: VecOp| Some(vec![op]);
     match &node.op {
+        // The steps run these as `vecmath` kernels wherever chains run (AVX-512 implies the
+        // AVX2+FMA the kernels need), so the chain runs the same code.
         Op::Unary(u) if dtype == DType::F32 => one(match u {
             UnaryOp::Neg => Neg,
             UnaryOp::Abs => Abs,
@@ -206,15 +201,7 @@ fn vector_ops(g: &Graph, step: &Step, at: usize) -> Option<Vec<VecOp>> {
             UnaryOp::Sqrt => Sqrt,
             UnaryOp::Recip => Recip,
             UnaryOp::Rsqrt => Rsqrt,
-            // The steps run these as `vecmath` kernels wherever chains run (AVX-512 implies
-            // the AVX2+FMA the kernels need), so the chain runs the same code.
-            UnaryOp::Exp => Exp,
-            UnaryOp::Tanh => Tanh,
-            UnaryOp::Sigmoid => Sigmoid,
-            UnaryOp::Silu => Silu,
-            UnaryOp::Gelu => Gelu,
-            UnaryOp::GeluTanh => GeluTanh,
-            _ => return None,
+            _ => Transcendental(Kernel::of(*u)?),
         }),
         Op::Cast { to } => {
             let (from, to) = (Lanes::of(dtype)?, Lanes::of(*to)?);
@@ -284,7 +271,7 @@ pub unsafe fn run(chain: &Chain, slots: &[*const u8], dst: *mut u8, len: usize) 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Chain, Lanes, VecOp};
+    use super::{Chain, Kernel, Lanes, VecOp};
     use crate::elem::vecmath::x86_512 as vm;
 
     /// Vectors per pass over the ops: enough independent work to hide each op's latency.
@@ -471,12 +458,15 @@ mod x86 {
                     VecOp::Rsqrt => {
                         each!(|x| i(_mm512_div_ps(_mm512_set1_ps(1.0), _mm512_sqrt_ps(f(*x)))))
                     }
-                    VecOp::Exp => each!(|x| i(vm::exp(unshifted(f(*x))))),
-                    VecOp::Tanh => each!(|x| i(vm::tanh(unshifted(f(*x))))),
-                    VecOp::Sigmoid => each!(|x| i(vm::sigmoid(unshifted(f(*x))))),
-                    VecOp::Silu => each!(|x| i(vm::silu(unshifted(f(*x))))),
-                    VecOp::Gelu => each!(|x| i(vm::gelu(unshifted(f(*x))))),
-                    VecOp::GeluTanh => each!(|x| i(vm::gelu_tanh(unshifted(f(*x))))),
+                    // One arm per kernel: the kernel is matched once, not per vector.
+                    VecOp::Transcendental(k) => match k {
+                        Kernel::Exp => each!(|x| i(vm::exp(unshifted(f(*x))))),
+                        Kernel::Tanh => each!(|x| i(vm::tanh(unshifted(f(*x))))),
+                        Kernel::Sigmoid => each!(|x| i(vm::sigmoid(unshifted(f(*x))))),
+                        Kernel::Silu => each!(|x| i(vm::silu(unshifted(f(*x))))),
+                        Kernel::Gelu => each!(|x| i(vm::gelu(unshifted(f(*x))))),
+                        Kernel::GeluTanh => each!(|x| i(vm::gelu_tanh(unshifted(f(*x))))),
+                    },
                     // `saturate_to_i32`: out of range and NaN convert to i32::MIN; the two
                     // that differ are fixed.
                     VecOp::FloatToI32 => each!(|x| {
