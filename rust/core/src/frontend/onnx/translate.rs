@@ -23,7 +23,7 @@ use crate::tensor::HostTensor;
 
 /// The ai.onnx opsets Ember translates.
 pub const MIN_OPSET: i64 = 13;
-pub const MAX_OPSET: i64 = 21;
+pub const MAX_OPSET: i64 = 25;
 
 /// Initializers up to this many elements become IR constants; larger ones are weights.
 const MAX_CONST_ELEMS: usize = 64;

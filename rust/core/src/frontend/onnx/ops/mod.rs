@@ -1,6 +1,7 @@
 //! ONNX op translations, one file per family. `handler` maps an op type to the function that
 //! translates it; the same table decides up front whether a whole model is supported.
 
+mod attention;
 mod conv;
 mod creation;
 mod elementwise;
@@ -35,6 +36,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| resize::handler(op))
         .or_else(|| quant::handler(op))
         .or_else(|| qlinear::handler(op))
+        .or_else(|| attention::handler(op))
 }
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.

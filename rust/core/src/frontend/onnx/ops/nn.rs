@@ -1,6 +1,6 @@
-//! Neural-network ops: Softmax/LogSoftmax, the normalizations (Layer, Group, Batch, Instance),
-//! activations with parameters (LeakyRelu, HardSigmoid, HardSwish, Gelu, Elu, Selu, PRelu,
-//! Clip) and global pooling as reductions.
+//! Neural-network ops: Softmax/LogSoftmax, the normalizations (Layer, RMS, Group, Batch,
+//! Instance), activations with parameters (LeakyRelu, HardSigmoid, HardSwish, Gelu, Swish, Elu,
+//! Selu, PRelu, Clip) and global pooling as reductions.
 
 use super::{axis, bin, one, scalar, Handler};
 use crate::dim::Dim;
@@ -15,12 +15,14 @@ pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
         "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
+        "RMSNormalization" => rms_norm,
         "GroupNormalization" => group_norm,
         "BatchNormalization" => batch_norm,
         "InstanceNormalization" => instance_norm,
         "LeakyRelu" | "Elu" | "Selu" | "PRelu" => leaky,
         "HardSigmoid" | "HardSwish" => hard_sigmoid,
         "Gelu" => gelu,
+        "Swish" => swish,
         "Clip" => clip,
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool,
         _ => return None,
@@ -84,6 +86,26 @@ fn layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             has_bias,
         },
         &inputs,
+    )?)
+}
+
+/// Opset 23's RMSNormalization: `x / sqrt(mean(x², axes from axis) + eps) · scale`, the IR's
+/// `rms_norm` (which, like `layer_norm` here, computes half-precision inputs in f32 whatever
+/// `stash_type` says, and rounds once).
+fn rms_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = float_input(ctx, n, 0)?;
+    let dtype = ctx.b.dtype(x);
+    let a = axis(ctx, n.int("axis", -1)?, ctx.b.rank(x))?;
+    let eps = n.float("epsilon", 1e-5)? as f64;
+    let tail = ctx.b.shape(x)[a..].to_vec();
+    let scale = param(ctx, n, 1, &tail, dtype)?;
+    one(ctx.b.op(
+        Op::RmsNorm {
+            axis: a,
+            eps,
+            has_weight: true,
+        },
+        &[x, scale],
     )?)
 }
 
@@ -282,6 +304,20 @@ fn hard_sigmoid(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return one(bin(ctx, BinaryOp::Mul, x, hs)?);
     }
     one(hs)
+}
+
+/// Opset 24's Swish: `x · sigmoid(alpha · x)` (the IR's `silu` when alpha is 1).
+fn swish(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = float_input(ctx, n, 0)?;
+    let alpha = n.float("alpha", 1.0)? as f64;
+    if alpha == 1.0 {
+        return one(ctx.b.unary(UnaryOp::Silu, x)?);
+    }
+    let dtype = ctx.b.dtype(x);
+    let a = scalar(ctx, alpha, dtype)?;
+    let ax = bin(ctx, BinaryOp::Mul, x, a)?;
+    let gate = ctx.b.unary(UnaryOp::Sigmoid, ax)?;
+    one(bin(ctx, BinaryOp::Mul, x, gate)?)
 }
 
 fn gelu(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {

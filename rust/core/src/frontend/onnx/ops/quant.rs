@@ -119,7 +119,23 @@ fn quantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         (None, 0) => DType::U8,
         (None, code) => dtype_from_onnx(i32::try_from(code).unwrap_or(0), &n.name)?,
     };
-    let scale = along_axis(ctx, n, scale, x, "y_scale")?;
+    let mut scale = along_axis(ctx, n, scale, x, "y_scale")?;
+    // Opset 23: `precision` names the float type `x / y_scale` is computed in (the scale's
+    // type when absent).
+    if let Some(code) = n
+        .has_attr("precision")
+        .then(|| n.int("precision", 0))
+        .transpose()?
+    {
+        let float = match code {
+            0 => ctx.b.dtype(scale),
+            c => dtype_from_onnx(i32::try_from(c).unwrap_or(0), &n.name)?,
+        };
+        if !float.is_float() {
+            return Err(n.err(format!("precision must be a float type, got {float}")));
+        }
+        scale = ctx.b.cast(scale, float)?;
+    }
     let zero = zero
         .map(|z| along_axis(ctx, n, z, x, "y_zero_point"))
         .transpose()?;
@@ -147,6 +163,17 @@ fn dequantize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         zero = Some(along_axis(ctx, n, z, x, "x_zero_point")?);
     }
     let y = dequantize_with(ctx, x, scale, zero)?;
+    // Opset 23: `output_dtype` (the scale's type when absent) is what the result is cast to.
+    let to = match n.int("output_dtype", 0)? {
+        0 => float,
+        c => dtype_from_onnx(i32::try_from(c).unwrap_or(0), &n.name)?,
+    };
+    if !to.is_float() {
+        return Err(n.err(format!("output_dtype must be a float type, got {to}")));
+    }
+    if to != float {
+        return one(ctx.b.cast(y, to)?);
+    }
     if matches!(ctx.b.dtype(x), DType::U8 | DType::I8) {
         let d = Dequantized { q: x, scale, zero };
         ctx.dequantized.insert(y, d);

@@ -1,0 +1,455 @@
+//! Opset 23's transformer ops: `Attention` (self and cross attention, grouped or multi-query
+//! heads, 3-D or 4-D operands, a KV cache concatenated inside, bottom-right causal masks,
+//! soft-capped scores) and `RotaryEmbedding`. Both become IR ops the backends already fuse:
+//! the IR's `attention` (or, with a soft cap, its decomposition) and elementwise rotations of
+//! sliced halves.
+
+use super::{bin, one, scalar, Handler};
+use crate::dim::Dim;
+use crate::dtype::{DType, Scalar};
+use crate::error::Result;
+use crate::frontend::onnx::node::Node;
+use crate::frontend::onnx::translate::{Ctx, Val};
+use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+
+pub fn handler(op: &str) -> Option<Handler> {
+    Some(match op {
+        "Attention" => attention,
+        "RotaryEmbedding" => rotary_embedding,
+        _ => return None,
+    })
+}
+
+fn float_input(ctx: &mut Ctx, n: &Node, k: usize, dtype: Option<DType>) -> Result<ValueId> {
+    let x = ctx.input(n, k)?;
+    let got = ctx.b.dtype(x);
+    match dtype {
+        Some(want) if got != want => Err(n.err(format!("input {k} is {got} but Q is {want}"))),
+        _ if !got.is_float() => Err(n.err(format!("input {k} must be float, got {got}"))),
+        _ => Ok(x),
+    }
+}
+
+/// A constant dim of `v`, or an error naming what needs it.
+fn const_dim(ctx: &Ctx, n: &Node, v: ValueId, axis: usize, what: &str) -> Result<usize> {
+    let d = ctx.b.shape(v)[axis].clone();
+    d.as_const()
+        .and_then(|c| usize::try_from(c).ok())
+        .ok_or_else(|| n.unsupported(format!("a symbolic {what} ({d})")))
+}
+
+/// `[B, S, heads·D]` → `[B, heads, S, D]`.
+fn split_heads(ctx: &mut Ctx, n: &Node, x: ValueId, heads: i64, what: &str) -> Result<ValueId> {
+    let s = ctx.b.shape(x);
+    let hidden = const_dim(ctx, n, x, 2, &format!("{what} hidden size"))? as i64;
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(n.err(format!(
+            "{what} hidden size {hidden} does not split into {heads} heads"
+        )));
+    }
+    let split = vec![
+        s[0].clone(),
+        s[1].clone(),
+        Dim::Const(heads),
+        Dim::Const(hidden / heads),
+    ];
+    let x = ctx.b.reshape(x, split)?;
+    ctx.b.permute(x, vec![0, 2, 1, 3])
+}
+
+/// Grouped-query attention: each of the `[B, Hkv, S, D]` heads repeated `Hq / Hkv` times.
+fn repeat_heads(ctx: &mut Ctx, n: &Node, x: ValueId, q_heads: usize) -> Result<ValueId> {
+    let kv_heads = const_dim(ctx, n, x, 1, "number of key/value heads")?;
+    if kv_heads == q_heads {
+        return Ok(x);
+    }
+    if kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
+        return Err(n.err(format!(
+            "{q_heads} query heads cannot share {kv_heads} key/value heads"
+        )));
+    }
+    let s = ctx.b.shape(x);
+    let one_more = vec![
+        s[0].clone(),
+        s[1].clone(),
+        Dim::Const(1),
+        s[2].clone(),
+        s[3].clone(),
+    ];
+    let x = ctx.b.reshape(x, one_more.clone())?;
+    let mut wide = one_more;
+    wide[2] = Dim::Const((q_heads / kv_heads) as i64);
+    let x = ctx.b.broadcast_to(x, &wide)?;
+    ctx.b.reshape(
+        x,
+        vec![
+            s[0].clone(),
+            Dim::Const(q_heads as i64),
+            s[2].clone(),
+            s[3].clone(),
+        ],
+    )
+}
+
+/// A 0-d or `[len]` int64 iota.
+fn positions(ctx: &mut Ctx, len: Dim) -> Result<ValueId> {
+    ctx.b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(1),
+        },
+        TensorType::new(DType::I64, vec![len]),
+    )
+}
+
+/// The bottom-right causal frontier `[L, T]`: query `i` sees key `j` iff `j ≤ i + offset`.
+fn causal_keep(ctx: &mut Ctx, l: &Dim, t: &Dim, offset: &Dim) -> Result<ValueId> {
+    let rows = positions(ctx, l.clone())?;
+    let rows = ctx.b.reshape(rows, vec![l.clone(), Dim::Const(1)])?;
+    let off = ctx.b.dim_value(offset, DType::I64)?;
+    let last = bin(ctx, BinaryOp::Add, rows, off)?;
+    let cols = positions(ctx, t.clone())?;
+    let cols = ctx.b.reshape(cols, vec![Dim::Const(1), t.clone()])?;
+    let v = ctx.b.broadcast_all(&[cols, last])?;
+    ctx.b.op(Op::Binary(BinaryOp::Le), &v)
+}
+
+/// The user's `attn_mask` as `[B, Hq, L, T]`: bool (keep where true) or float in Q's type
+/// (added to the scores); a last dim shorter than T is padded with "masked".
+fn user_mask(ctx: &mut Ctx, n: &Node, shape: &[Dim], dtype: DType) -> Result<Option<ValueId>> {
+    let Some(mut m) = ctx.opt_input(n, 3)? else {
+        return Ok(None);
+    };
+    let mdt = ctx.b.dtype(m);
+    if mdt != DType::Bool && !mdt.is_float() {
+        return Err(n.unsupported(format!("an attn_mask of {mdt} (bool or float masks are)")));
+    }
+    if mdt.is_float() && mdt != dtype {
+        m = ctx.b.cast(m, dtype)?;
+    }
+    let ms = ctx.b.shape(m);
+    if ms.is_empty() || ms.len() > 4 {
+        return Err(n.err(format!("attn_mask of rank {} (1 to 4)", ms.len())));
+    }
+    let total = &shape[3];
+    let last = ms[ms.len() - 1].clone();
+    if &last != total && last != Dim::Const(1) {
+        let short = match (last.as_const(), total.as_const()) {
+            (Some(a), Some(b)) if a < b => b - a,
+            _ => {
+                return Err(n.err(format!(
+                    "attn_mask's last dim {last} does not cover the {total} keys"
+                )))
+            }
+        };
+        let mut pads = vec![(0, 0); ms.len()];
+        pads[ms.len() - 1] = (0, short);
+        let value = match ctx.b.dtype(m) {
+            DType::Bool => Scalar::Bool(false),
+            _ => Scalar::Float(f64::NEG_INFINITY),
+        };
+        m = ctx.b.op(Op::Pad { pads, value }, &[m])?;
+    }
+    Ok(Some(ctx.b.broadcast_to(m, shape)?))
+}
+
+/// ONNX `Attention` (opsets 23–24).
+fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    if n.wants_output(3) {
+        return Err(n.unsupported("the qk_matmul_output debugging output"));
+    }
+    if n.input(6).is_some() {
+        return Err(n.unsupported("nonpad_kv_seqlen (an external KV cache)"));
+    }
+    let q = float_input(ctx, n, 0, None)?;
+    let dtype = ctx.b.dtype(q);
+    let k = float_input(ctx, n, 1, Some(dtype))?;
+    let v = float_input(ctx, n, 2, Some(dtype))?;
+    let rank = ctx.b.rank(q);
+    if !matches!(rank, 3 | 4) || ctx.b.rank(k) != rank || ctx.b.rank(v) != rank {
+        return Err(n.err(format!(
+            "Q, K and V must all be 3-D or all 4-D, got ranks {rank}, {}, {}",
+            ctx.b.rank(k),
+            ctx.b.rank(v)
+        )));
+    }
+    // Everything below works on [B, heads, S, D].
+    let (mut q4, mut k4, mut v4) = (q, k, v);
+    if rank == 3 {
+        let (qh, kvh) = (n.int("q_num_heads", 0)?, n.int("kv_num_heads", 0)?);
+        if qh <= 0 || kvh <= 0 {
+            return Err(n.err("3-D Q, K, V need the q_num_heads and kv_num_heads attributes"));
+        }
+        q4 = split_heads(ctx, n, q, qh, "Q")?;
+        k4 = split_heads(ctx, n, k, kvh, "K")?;
+        v4 = split_heads(ctx, n, v, kvh, "V")?;
+    }
+    // A KV cache updated inside: present = concat(past, new) along the sequence.
+    let past = match (ctx.opt_input(n, 4)?, ctx.opt_input(n, 5)?) {
+        (Some(pk), Some(pv)) => Some((pk, pv)),
+        (None, None) => None,
+        _ => return Err(n.err("past_key and past_value must be given together")),
+    };
+    let mut offset = Dim::Const(0);
+    let new_keys = ctx.b.shape(k4)[2].clone();
+    if let Some((pk, pv)) = past {
+        for (p, what) in [(pk, "past_key"), (pv, "past_value")] {
+            if ctx.b.rank(p) != 4 || ctx.b.dtype(p) != dtype {
+                return Err(n.err(format!("{what} must be a 4-D {dtype} tensor")));
+            }
+        }
+        offset = ctx.b.shape(pk)[2].clone();
+        k4 = ctx.b.op(Op::Concat { axis: 2 }, &[pk, k4])?;
+        v4 = ctx.b.op(Op::Concat { axis: 2 }, &[pv, v4])?;
+    }
+    let (present_k, present_v) = (k4, v4);
+
+    let qs = ctx.b.shape(q4);
+    let head = const_dim(ctx, n, q4, 3, "head size")?;
+    let q_heads = const_dim(ctx, n, q4, 1, "number of query heads")?;
+    let scale = match n.has_attr("scale") {
+        true => n.float("scale", 1.0)? as f64,
+        false => 1.0 / (head as f64).sqrt(),
+    };
+    let kr = repeat_heads(ctx, n, k4, q_heads)?;
+    let vr = repeat_heads(ctx, n, v4, q_heads)?;
+    let total = ctx.b.shape(kr)[2].clone();
+    let scores_shape = vec![qs[0].clone(), qs[1].clone(), qs[2].clone(), total.clone()];
+
+    let mut mask = user_mask(ctx, n, &scores_shape, dtype)?;
+    let causal = n.flag("is_causal", false)?;
+    // With no cache the frontier is the IR's top-left `causal`; behind a cache it shifts right
+    // by the cache's length and becomes part of the mask (it hides nothing when one key is
+    // new: every query sees the whole cache and that key).
+    let ir_causal = causal && offset == Dim::Const(0);
+    if causal && !ir_causal && new_keys != Dim::Const(1) {
+        let keep = causal_keep(ctx, &qs[2], &total, &offset)?;
+        let keep = ctx.b.broadcast_to(keep, &scores_shape)?;
+        mask = Some(match mask {
+            None => keep,
+            Some(m) if ctx.b.dtype(m) == DType::Bool => bin(ctx, BinaryOp::And, m, keep)?,
+            Some(m) => {
+                let hidden = ctx.b.full(
+                    Scalar::Float(f64::NEG_INFINITY),
+                    dtype,
+                    scores_shape.clone(),
+                )?;
+                ctx.b.op(Op::Where, &[keep, m, hidden])?
+            }
+        });
+    }
+    let softcap = n.float("softcap", 0.0)? as f64;
+    let y = if softcap > 0.0 {
+        soft_capped(ctx, q4, kr, vr, mask, ir_causal, scale, softcap)?
+    } else {
+        let mut inputs = vec![q4, kr, vr];
+        inputs.extend(mask);
+        ctx.b.op(
+            Op::Attention {
+                scale,
+                causal: ir_causal,
+                has_mask: mask.is_some(),
+            },
+            &inputs,
+        )?
+    };
+    let y = match rank {
+        4 => y,
+        _ => {
+            let ys = ctx.b.shape(y);
+            let t = ctx.b.permute(y, vec![0, 2, 1, 3])?;
+            let width = Dim::binary(crate::dim::DimOp::Mul, ys[1].clone(), ys[3].clone());
+            ctx.b
+                .reshape(t, vec![ys[0].clone(), ys[2].clone(), width])?
+        }
+    };
+    Ok(vec![Val::of(y), Val::of(present_k), Val::of(present_v)])
+}
+
+/// Attention with `softcap · tanh(scores / softcap)` before the mask, which the IR's fused
+/// op does not have: the products, the cap, the mask, a softmax and zeros for rows whose
+/// every key is masked (as the fused op gives them).
+#[allow(clippy::too_many_arguments)]
+fn soft_capped(
+    ctx: &mut Ctx,
+    q: ValueId,
+    k: ValueId,
+    v: ValueId,
+    mask: Option<ValueId>,
+    causal: bool,
+    scale: f64,
+    softcap: f64,
+) -> Result<ValueId> {
+    let dtype = ctx.b.dtype(q);
+    let kt = ctx.b.permute(k, vec![0, 1, 3, 2])?;
+    let s = ctx.b.matmul(q, kt)?;
+    let shape = ctx.b.shape(s);
+    let c = scalar(ctx, scale / softcap, dtype)?;
+    let s = bin(ctx, BinaryOp::Mul, s, c)?;
+    let s = ctx.b.unary(UnaryOp::Tanh, s)?;
+    let c = scalar(ctx, softcap, dtype)?;
+    let mut s = bin(ctx, BinaryOp::Mul, s, c)?;
+    let mut keep = None;
+    if causal {
+        let k = causal_keep(ctx, &shape[2], &shape[3], &Dim::Const(0))?;
+        keep = Some(ctx.b.broadcast_to(k, &shape)?);
+    }
+    match mask {
+        Some(m) if ctx.b.dtype(m) == DType::Bool => {
+            keep = Some(match keep {
+                Some(k) => bin(ctx, BinaryOp::And, k, m)?,
+                None => m,
+            });
+        }
+        Some(m) => s = bin(ctx, BinaryOp::Add, s, m)?,
+        None => {}
+    }
+    if let Some(keep) = keep {
+        let hidden = ctx
+            .b
+            .full(Scalar::Float(f64::NEG_INFINITY), dtype, shape.clone())?;
+        s = ctx.b.op(Op::Where, &[keep, s, hidden])?;
+    }
+    let p = ctx.b.op(
+        Op::Softmax {
+            axis: 3,
+            log: false,
+        },
+        &[s],
+    )?;
+    // A row of -inf scores gives NaN probabilities; the fused op gives zeros there.
+    let top = ctx.b.op(
+        Op::Reduce {
+            op: ReduceOp::Max,
+            axes: vec![3],
+            keepdim: true,
+        },
+        &[s],
+    )?;
+    let lowest = scalar(ctx, f64::NEG_INFINITY, dtype)?;
+    let seen = ctx.b.broadcast_all(&[top, lowest])?;
+    let seen = ctx.b.op(Op::Binary(BinaryOp::Gt), &seen)?;
+    let y = ctx.b.matmul(p, v)?;
+    let zero = scalar(ctx, 0.0, dtype)?;
+    let parts = ctx.b.broadcast_all(&[seen, y, zero])?;
+    ctx.b.op(Op::Where, &parts)
+}
+
+/// ONNX `RotaryEmbedding` (opset 23): rotates pairs of each head's first
+/// `rotary_embedding_dim` features — its two halves, or even and odd features when
+/// `interleaved` — by the angles whose cosines and sines the caches hold, looked up by
+/// `position_ids` when given.
+fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = float_input(ctx, n, 0, None)?;
+    let dtype = ctx.b.dtype(x);
+    let cos = float_input(ctx, n, 1, Some(dtype))?;
+    let sin = float_input(ctx, n, 2, Some(dtype))?;
+    let xs = ctx.b.shape(x);
+    // [B, S, H, D] from [B, H, S, D] or [B, S, H·D].
+    let x4 = match xs.len() {
+        4 => ctx.b.permute(x, vec![0, 2, 1, 3])?,
+        3 => {
+            let heads = n.int("num_heads", 0)?;
+            if heads <= 0 {
+                return Err(n.err("a 3-D input needs the num_heads attribute"));
+            }
+            let bhsd = split_heads(ctx, n, x, heads, "input")?;
+            ctx.b.permute(bhsd, vec![0, 2, 1, 3])?
+        }
+        r => return Err(n.err(format!("input of rank {r} (3 or 4)"))),
+    };
+    let s4 = ctx.b.shape(x4);
+    let head = const_dim(ctx, n, x4, 3, "head size")? as i64;
+    let rot = match n.int("rotary_embedding_dim", 0)? {
+        0 => head,
+        r => r,
+    };
+    if rot <= 0 || rot % 2 != 0 || rot > head {
+        return Err(n.err(format!(
+            "rotary_embedding_dim {rot} must be even and at most the head size {head}"
+        )));
+    }
+    let half = rot / 2;
+    // Angles as [B, S, 1, rot/2].
+    let angles = |ctx: &mut Ctx, cache: ValueId, what: &str| -> Result<ValueId> {
+        let table = match ctx.opt_input(n, 3)? {
+            Some(ids) => {
+                if ctx.b.rank(cache) != 2 || !ctx.b.dtype(ids).is_int() {
+                    return Err(n.err(format!(
+                        "with position_ids, {what} must be 2-D and position_ids integer"
+                    )));
+                }
+                ctx.b.op(Op::IndexSelect { axis: 0 }, &[cache, ids])?
+            }
+            None if ctx.b.rank(cache) == 3 => cache,
+            None => return Err(n.err(format!("without position_ids, {what} must be 3-D"))),
+        };
+        let ts = ctx.b.shape(table);
+        if ts.len() != 3 || ts[2] != Dim::Const(half) {
+            return Err(n.err(format!(
+                "{what} gives {} angles per position; rotating {rot} features takes {half}",
+                ts.last().cloned().unwrap_or(Dim::Const(0))
+            )));
+        }
+        let with_head = vec![
+            ts[0].clone(),
+            ts[1].clone(),
+            Dim::Const(1),
+            Dim::Const(half),
+        ];
+        let t = ctx.b.reshape(table, with_head)?;
+        let mut want = s4.clone();
+        want[3] = Dim::Const(half);
+        ctx.b.broadcast_to(t, &want)
+    };
+    let cos = angles(ctx, cos, "cos_cache")?;
+    let sin = angles(ctx, sin, "sin_cache")?;
+    let interleaved = n.flag("interleaved", false)?;
+    let c = Dim::Const;
+    let (x1, x2) = match interleaved {
+        true => (
+            ctx.b.slice(x4, 3, c(0), c(rot), 2)?,
+            ctx.b.slice(x4, 3, c(1), c(rot), 2)?,
+        ),
+        false => (
+            ctx.b.slice(x4, 3, c(0), c(half), 1)?,
+            ctx.b.slice(x4, 3, c(half), c(rot), 1)?,
+        ),
+    };
+    let (c1, s2) = (
+        bin(ctx, BinaryOp::Mul, cos, x1)?,
+        bin(ctx, BinaryOp::Mul, sin, x2)?,
+    );
+    let real = bin(ctx, BinaryOp::Sub, c1, s2)?;
+    let (s1, c2) = (
+        bin(ctx, BinaryOp::Mul, sin, x1)?,
+        bin(ctx, BinaryOp::Mul, cos, x2)?,
+    );
+    let imag = bin(ctx, BinaryOp::Add, s1, c2)?;
+    let rotated = match interleaved {
+        true => {
+            let mut pair = s4.clone();
+            pair[3] = Dim::Const(half);
+            pair.push(Dim::Const(1));
+            let re = ctx.b.reshape(real, pair.clone())?;
+            let im = ctx.b.reshape(imag, pair)?;
+            let both = ctx.b.op(Op::Concat { axis: 4 }, &[re, im])?;
+            let mut flat = s4.clone();
+            flat[3] = Dim::Const(rot);
+            ctx.b.reshape(both, flat)?
+        }
+        false => ctx.b.op(Op::Concat { axis: 3 }, &[real, imag])?,
+    };
+    let y4 = match rot < head {
+        true => {
+            let rest = ctx.b.slice(x4, 3, c(rot), c(head), 1)?;
+            ctx.b.op(Op::Concat { axis: 3 }, &[rotated, rest])?
+        }
+        false => rotated,
+    };
+    let y = match xs.len() {
+        4 => ctx.b.permute(y4, vec![0, 2, 1, 3])?,
+        _ => ctx.b.reshape(y4, xs)?,
+    };
+    one(y)
+}
