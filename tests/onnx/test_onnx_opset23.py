@@ -271,6 +271,68 @@ def test_attention_with_a_symbolic_cache_length() -> None:
         check(model, feeds, compiled=compiled, **ATTN)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_over_a_fixed_size_cache(causal: int, backend: str) -> None:
+    """Opset 24's external cache: TensorScatter writes the new keys and values at each
+    sequence's length, Attention reads the whole cache up to nonpad_kv_seqlen."""
+    b, h, new, size, d = 2, 2, 3, 10, 8
+    i64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("TensorScatter", ["past_k", "k", "at"], ["cache_k"]),
+        helper.make_node("TensorScatter", ["past_v", "v", "at"], ["cache_v"]),
+        helper.make_node("Add", ["at", "new"], ["lens"]),
+        helper.make_node(
+            "Attention",
+            ["q", "cache_k", "cache_v", "", "", "", "lens"],
+            ["y"],
+            is_causal=causal,
+        ),
+    ]
+    feeds = {
+        "q": _heads(b, h, new, d, 1),
+        "k": _heads(b, h, new, d, 2),
+        "v": _heads(b, h, new, d, 3),
+        "past_k": _heads(b, h, size, d, 4),
+        "past_v": _heads(b, h, size, d, 5),
+        "at": np.array([2, 7], dtype=np.int64),
+    }
+    inits = {"new": np.array(new, dtype=np.int64)}
+    model = make_model(nodes, feeds, ["y", "cache_k", "cache_v"], inits, opset=24)
+    model.ir_version = 10
+    assert model.graph.input[-1].type.tensor_type.elem_type == i64
+    check(model, feeds, compiled=ember.compile_onnx(model, backend=backend), **ATTN)
+
+
+def test_nonpad_lengths_shorter_than_the_queries_hide_whole_rows() -> None:
+    """A sequence with fewer valid keys than queries: its first causal rows see no key and
+    are zeros."""
+    q = _heads(2, 2, 3, 8, 1)
+    k, v = _heads(2, 2, 6, 8, 2), _heads(2, 2, 6, 8, 3)
+    lens = np.array([1, 6], dtype=np.int64)
+    model, feeds = _model(
+        "Attention",
+        {"q": q, "k": k, "v": v, "": None, "pk": None, "pv": None, "lens": lens},
+        {"is_causal": 1},
+        opset=24,
+    )
+    (got,) = check(model, feeds, **ATTN)
+    assert not got[0, :, :2].any() and got[0, :, 2].any()
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter(mode: str) -> None:
+    past, update = randn(2, 9, 3, 4, seed=1), randn(2, 4, 3, 4, seed=2)
+    at = np.array([0, 5 if mode == "linear" else 7], dtype=np.int64)
+    model, feeds = _model(
+        "TensorScatter",
+        {"past": past, "update": update, "at": at},
+        {"axis": 1, "mode": mode},
+        opset=24,
+    )
+    check(model, feeds)
+
+
 def test_attention_refuses_what_it_does_not_compute() -> None:
     q = _heads(1, 2, 3, 8, 1)
     model, _ = _model("Attention", {"q": q, "k": q, "v": q}, outputs=("y", "", "", "qk"))
@@ -350,3 +412,50 @@ def test_opsets_past_the_supported_range_are_refused() -> None:
     model, _ = _model("Relu", {"x": x}, opset=26)
     with pytest.raises(ember.CompileError, match="opsets 13 to 25"):
         ember.compile_onnx(model)
+
+
+def test_half_precision_attention_and_rms_norm() -> None:
+    """float16 operands: as ONNX Runtime computes them, within half-precision rounding."""
+    q = _heads(1, 4, 6, 16, 1).astype(np.float16)
+    k = _heads(1, 2, 6, 16, 2).astype(np.float16)
+    v = _heads(1, 2, 6, 16, 3).astype(np.float16)
+    attrs = {"is_causal": 1, "softmax_precision": TensorProto.FLOAT}
+    model, feeds = _model("Attention", {"q": q, "k": k, "v": v}, attrs)
+    check(model, feeds, rtol=2e-3, atol=2e-3)
+    x, scale = randn(2, 5, 16, seed=1).astype(np.float16), randn(16, seed=2).astype(np.float16)
+    model, feeds = _model("RMSNormalization", {"x": x, "scale": scale})
+    check(model, feeds, rtol=2e-3, atol=2e-3)
+
+
+def test_hugging_face_llama_at_opset_23_two_lengths(tmp_path) -> None:
+    """transformers' Llama (random weights, SDPA attention with its padding mask) exported
+    at opset 23 with a dynamic sequence: Attention, RMSNormalization, RotaryEmbedding, one
+    compiled model for both lengths."""
+    hf_models = pytest.importorskip("ember.hf_models")
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = hf_models.MainOutput(hf_models.build("llama")).eval()
+    ids, mask = hf_models.forward_inputs(2, 12)
+    path = tmp_path / "llama.onnx"
+    seq = torch.export.Dim("seq", min=2, max=64)
+    torch.onnx.export(
+        model,
+        (ids, mask),
+        str(path),
+        dynamo=True,
+        opset_version=23,
+        input_names=["input_ids", "attention_mask"],
+        dynamic_shapes=({1: seq}, {1: seq}),
+    )
+    written = onnx.load(str(path))
+    ops = {n.op_type for n in written.graph.node}
+    assert {"Attention", "RMSNormalization", "RotaryEmbedding"} <= ops, ops
+    compiled = ember.compile_onnx(str(path))
+    # Checked against eager: ONNX Runtime 1.32 refuses this file's RotaryEmbedding, whose
+    # per-token caches have batch 1 (Hugging Face's position ids) for a batch of 2, where
+    # the spec broadcasts them.
+    for length in (12, 7):
+        ids, mask = hf_models.forward_inputs(2, length)
+        (got,) = compiled(input_ids=ids.numpy(), attention_mask=mask.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(ids, mask).numpy(), rtol=1e-4, atol=1e-4)

@@ -113,9 +113,50 @@ impl Dim {
             }
             (DimOp::Sub, x, y) if x == y => return Dim::Const(0),
             (DimOp::Min, x, y) | (DimOp::Max, x, y) if x == y => return a,
+            // Sizes are never negative: a slice's clamp `max(s, 0)` is `s`.
+            (DimOp::Max, x, Dim::Const(0)) if x.non_negative() => return a,
+            (DimOp::Max, Dim::Const(0), x) if x.non_negative() => return b,
+            // Constant factors go right and merge, and divide out where they can, so that a
+            // reshape's `(16·s·32) // 512` is `s` again and equals the `s` it came from.
+            (DimOp::Mul, Dim::Const(_), x) if !x.is_const() => {
+                return Dim::binary(DimOp::Mul, b.clone(), a.clone())
+            }
+            (DimOp::Mul, Dim::Expr(e), Dim::Const(c2)) => {
+                if let (DimOp::Mul, x, Dim::Const(c1)) = &**e {
+                    if let Some(c) = c1.checked_mul(*c2) {
+                        return Dim::binary(DimOp::Mul, x.clone(), Dim::Const(c));
+                    }
+                }
+            }
+            (DimOp::FloorDiv, Dim::Expr(e), Dim::Const(d)) if *d > 0 => {
+                if let (DimOp::Mul, x, Dim::Const(c)) = &**e {
+                    if *c > 0 && c % d == 0 {
+                        return Dim::binary(DimOp::Mul, x.clone(), Dim::Const(c / d));
+                    }
+                    if *c > 0 && d % c == 0 {
+                        return Dim::binary(DimOp::FloorDiv, x.clone(), Dim::Const(d / c));
+                    }
+                }
+            }
             _ => {}
         }
         Dim::Expr(Arc::new((op, a, b)))
+    }
+
+    /// Whether the dim is provably ≥ 0 (symbols are sizes).
+    fn non_negative(&self) -> bool {
+        match self {
+            Dim::Const(v) => *v >= 0,
+            Dim::Sym(_) => true,
+            Dim::Expr(e) => match &**e {
+                (DimOp::Add | DimOp::Mul | DimOp::Min, a, b) => {
+                    a.non_negative() && b.non_negative()
+                }
+                (DimOp::FloorDiv, a, Dim::Const(d)) => *d > 0 && a.non_negative(),
+                (DimOp::Max, a, b) => a.non_negative() || b.non_negative(),
+                _ => false,
+            },
+        }
     }
 
     pub fn as_const(&self) -> Option<i64> {
@@ -270,5 +311,44 @@ mod tests {
         assert_eq!(&s * &Dim::Const(1), s);
         assert_eq!(&s - &s, Dim::Const(0));
         assert_eq!(numel(&[Dim::Const(2), Dim::Const(3)]), Dim::Const(6));
+    }
+
+    #[test]
+    fn constant_factors_merge_and_divide_out() {
+        let s = Dim::sym("seq");
+        let c = Dim::Const;
+        // What a reshape's inferred -1 over [B, seq, 16, 32] into 512 columns gives.
+        let numel = Dim::binary(DimOp::Mul, Dim::binary(DimOp::Mul, c(16), s.clone()), c(32));
+        assert_eq!(numel, Dim::binary(DimOp::Mul, s.clone(), c(512)));
+        assert_eq!(Dim::binary(DimOp::FloorDiv, numel.clone(), c(512)), s);
+        assert_eq!(
+            Dim::binary(DimOp::FloorDiv, numel.clone(), c(128)),
+            Dim::binary(DimOp::Mul, s.clone(), c(4))
+        );
+        assert_eq!(
+            Dim::binary(
+                DimOp::FloorDiv,
+                Dim::binary(DimOp::Mul, s.clone(), c(4)),
+                c(8)
+            ),
+            Dim::binary(DimOp::FloorDiv, s.clone(), c(2))
+        );
+        // Each rewrite keeps the value, floor division included.
+        let mut env = SymbolBindings::new();
+        for v in [0, 1, 5, 7, 64] {
+            env.insert(Arc::from("seq"), v);
+            let odd = Dim::binary(DimOp::Mul, c(3), s.clone());
+            let d = Dim::binary(DimOp::FloorDiv, Dim::binary(DimOp::Mul, odd, c(2)), c(4));
+            assert_eq!(d.eval(&env).unwrap(), (v * 6).div_euclid(4));
+        }
+    }
+
+    #[test]
+    fn clamps_of_sizes_at_zero_vanish() {
+        let s = Dim::sym("seq");
+        assert_eq!(Dim::binary(DimOp::Max, s.clone(), Dim::Const(0)), s);
+        let minus = Dim::binary(DimOp::Sub, s.clone(), Dim::Const(1));
+        let clamped = Dim::binary(DimOp::Max, minus.clone(), Dim::Const(0));
+        assert_ne!(clamped, minus, "s - 1 may be negative: the clamp stays");
     }
 }

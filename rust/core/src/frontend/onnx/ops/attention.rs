@@ -1,8 +1,9 @@
-//! Opset 23's transformer ops: `Attention` (self and cross attention, grouped or multi-query
-//! heads, 3-D or 4-D operands, a KV cache concatenated inside, bottom-right causal masks,
-//! soft-capped scores) and `RotaryEmbedding`. Both become IR ops the backends already fuse:
-//! the IR's `attention` (or, with a soft cap, its decomposition) and elementwise rotations of
-//! sliced halves.
+//! The transformer ops of opsets 23–24: `Attention` (self and cross attention, grouped or
+//! multi-query heads, 3-D or 4-D operands, a KV cache concatenated inside or kept outside with
+//! per-sequence lengths, bottom-right causal masks, soft-capped scores), `RotaryEmbedding` and
+//! `TensorScatter` (writing new keys into a fixed-size cache). They become IR ops the backends
+//! already fuse: the IR's `attention` (or, with a soft cap, its decomposition), elementwise
+//! rotations of sliced halves, and a scatter.
 
 use super::{bin, one, scalar, Handler};
 use crate::dim::Dim;
@@ -16,6 +17,7 @@ pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
         "Attention" => attention,
         "RotaryEmbedding" => rotary_embedding,
+        "TensorScatter" => tensor_scatter,
         _ => return None,
     })
 }
@@ -158,9 +160,6 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if n.wants_output(3) {
         return Err(n.unsupported("the qk_matmul_output debugging output"));
     }
-    if n.input(6).is_some() {
-        return Err(n.unsupported("nonpad_kv_seqlen (an external KV cache)"));
-    }
     let q = float_input(ctx, n, 0, None)?;
     let dtype = ctx.b.dtype(q);
     let k = float_input(ctx, n, 1, Some(dtype))?;
@@ -218,26 +217,111 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 
     let mut mask = user_mask(ctx, n, &scores_shape, dtype)?;
     let causal = n.flag("is_causal", false)?;
+    // An external cache (opset 24): keys past each sequence's length are padding, and the
+    // causal frontier sits that length minus the queries from the top.
+    if let Some(lens) = ctx.opt_input(n, 6)? {
+        if past.is_some() {
+            return Err(n.err("nonpad_kv_seqlen cannot be used with past_key/past_value"));
+        }
+        let keep = nonpad_keep(ctx, n, lens, &scores_shape, causal)?;
+        mask = Some(combine(ctx, mask, keep, &scores_shape, dtype)?);
+        return finish(
+            ctx, n, rank, q4, kr, vr, mask, false, scale, present_k, present_v,
+        );
+    }
     // With no cache the frontier is the IR's top-left `causal`; behind a cache it shifts right
     // by the cache's length and becomes part of the mask (it hides nothing when one key is
     // new: every query sees the whole cache and that key).
     let ir_causal = causal && offset == Dim::Const(0);
     if causal && !ir_causal && new_keys != Dim::Const(1) {
         let keep = causal_keep(ctx, &qs[2], &total, &offset)?;
-        let keep = ctx.b.broadcast_to(keep, &scores_shape)?;
-        mask = Some(match mask {
-            None => keep,
-            Some(m) if ctx.b.dtype(m) == DType::Bool => bin(ctx, BinaryOp::And, m, keep)?,
-            Some(m) => {
-                let hidden = ctx.b.full(
-                    Scalar::Float(f64::NEG_INFINITY),
-                    dtype,
-                    scores_shape.clone(),
-                )?;
-                ctx.b.op(Op::Where, &[keep, m, hidden])?
-            }
-        });
+        mask = Some(combine(ctx, mask, keep, &scores_shape, dtype)?);
     }
+    finish(
+        ctx, n, rank, q4, kr, vr, mask, ir_causal, scale, present_k, present_v,
+    )
+}
+
+/// `mask` (the user's, bool or float, or none) restricted to the keys `keep` allows.
+fn combine(
+    ctx: &mut Ctx,
+    mask: Option<ValueId>,
+    keep: ValueId,
+    shape: &[Dim],
+    dtype: DType,
+) -> Result<ValueId> {
+    let keep = ctx.b.broadcast_to(keep, shape)?;
+    Ok(match mask {
+        None => keep,
+        Some(m) if ctx.b.dtype(m) == DType::Bool => bin(ctx, BinaryOp::And, m, keep)?,
+        Some(m) => {
+            let hidden = ctx
+                .b
+                .full(Scalar::Float(f64::NEG_INFINITY), dtype, shape.to_vec())?;
+            ctx.b.op(Op::Where, &[keep, m, hidden])?
+        }
+    })
+}
+
+/// The keys each query may see behind an external cache of `lens[b]` valid keys:
+/// `j < lens[b]`, and with `causal` also `j ≤ i + lens[b] - L`, as `[B, 1, L or 1, T]`.
+fn nonpad_keep(
+    ctx: &mut Ctx,
+    n: &Node,
+    lens: ValueId,
+    shape: &[Dim],
+    causal: bool,
+) -> Result<ValueId> {
+    if ctx.b.rank(lens) != 1 || !ctx.b.dtype(lens).is_int() {
+        return Err(n.err("nonpad_kv_seqlen must be a 1-d integer tensor"));
+    }
+    let (b, l, t) = (shape[0].clone(), shape[2].clone(), shape[3].clone());
+    let lens = ctx.b.cast(lens, DType::I64)?;
+    let cols = positions(ctx, t.clone())?;
+    let cols = ctx
+        .b
+        .reshape(cols, vec![Dim::Const(1), Dim::Const(1), t.clone()])?;
+    let per_seq = ctx
+        .b
+        .reshape(lens, vec![b.clone(), Dim::Const(1), Dim::Const(1)])?;
+    let v = ctx.b.broadcast_all(&[cols, per_seq])?;
+    let mut keep = ctx.b.op(Op::Binary(BinaryOp::Lt), &v)?;
+    if causal {
+        let rows = positions(ctx, l.clone())?;
+        let rows = ctx
+            .b
+            .reshape(rows, vec![Dim::Const(1), l.clone(), Dim::Const(1)])?;
+        let queries = ctx.b.dim_value(&l, DType::I64)?;
+        let offset = bin(ctx, BinaryOp::Sub, per_seq, queries)?;
+        let last = bin(ctx, BinaryOp::Add, rows, offset)?;
+        let v = ctx.b.broadcast_all(&[cols, last])?;
+        let frontier = ctx.b.op(Op::Binary(BinaryOp::Le), &v)?;
+        let v = ctx.b.broadcast_all(&[keep, frontier])?;
+        keep = ctx.b.op(Op::Binary(BinaryOp::And), &v)?;
+    }
+    let ks = ctx.b.shape(keep);
+    ctx.b.reshape(
+        keep,
+        vec![ks[0].clone(), Dim::Const(1), ks[1].clone(), ks[2].clone()],
+    )
+}
+
+/// The attention itself (fused, or decomposed for a soft cap) and the outputs in the
+/// operands' layout.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    ctx: &mut Ctx,
+    n: &Node,
+    rank: usize,
+    q4: ValueId,
+    kr: ValueId,
+    vr: ValueId,
+    mask: Option<ValueId>,
+    ir_causal: bool,
+    scale: f64,
+    present_k: ValueId,
+    present_v: ValueId,
+) -> Result<Vec<Val>> {
     let softcap = n.float("softcap", 0.0)? as f64;
     let y = if softcap > 0.0 {
         soft_capped(ctx, q4, kr, vr, mask, ir_causal, scale, softcap)?
@@ -452,4 +536,60 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         _ => ctx.b.reshape(y4, xs)?,
     };
     one(y)
+}
+
+/// Opset 24's `TensorScatter`: `update` (`[B, …, S_new, …]`) written into `past_cache` along
+/// `axis` from `write_indices[b]` on (0 when absent), wrapping around the cache in
+/// `circular` mode. A scatter whose index is that position plus the update's own.
+fn tensor_scatter(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let past = ctx.input(n, 0)?;
+    let update = ctx.input(n, 1)?;
+    let dtype = ctx.b.dtype(past);
+    if ctx.b.dtype(update) != dtype {
+        return Err(n.err(format!(
+            "update is {} but past_cache is {dtype}",
+            ctx.b.dtype(update)
+        )));
+    }
+    let (ps, us) = (ctx.b.shape(past), ctx.b.shape(update));
+    let r = ps.len();
+    if r < 2 || us.len() != r {
+        return Err(n.err("past_cache and update need one rank of at least 2"));
+    }
+    let a = super::axis(ctx, n.int("axis", -2)?, r)?;
+    if a == 0 {
+        return Err(n.err("axis 0 is the batch; the sequence axis must come after it"));
+    }
+    let circular = match n.string("mode", "linear")?.as_str() {
+        "linear" => false,
+        "circular" => true,
+        other => return Err(n.err(format!("unknown mode '{other}'"))),
+    };
+    let mut along = vec![Dim::Const(1); r];
+    along[a] = us[a].clone();
+    let steps = positions(ctx, us[a].clone())?;
+    let mut idx = ctx.b.reshape(steps, along)?;
+    if let Some(starts) = ctx.opt_input(n, 2)? {
+        if ctx.b.rank(starts) != 1 || !ctx.b.dtype(starts).is_int() {
+            return Err(n.err("write_indices must be a 1-d integer tensor"));
+        }
+        let starts = ctx.b.cast(starts, DType::I64)?;
+        let mut per_seq = vec![Dim::Const(1); r];
+        per_seq[0] = ps[0].clone();
+        let starts = ctx.b.reshape(starts, per_seq)?;
+        let v = ctx.b.broadcast_all(&[idx, starts])?;
+        idx = ctx.b.op(Op::Binary(BinaryOp::Add), &v)?;
+    }
+    if circular {
+        let len = ctx.b.dim_value(&ps[a], DType::I64)?;
+        idx = bin(ctx, BinaryOp::Rem, idx, len)?;
+    }
+    let idx = ctx.b.broadcast_to(idx, &us)?;
+    one(ctx.b.op(
+        Op::Scatter {
+            axis: a,
+            reduce: crate::ir::ScatterReduce::None,
+        },
+        &[past, idx, update],
+    )?)
 }
