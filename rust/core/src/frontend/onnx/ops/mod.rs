@@ -7,6 +7,7 @@ mod creation;
 mod elementwise;
 mod index;
 mod linalg;
+mod math;
 mod nn;
 mod qlinear;
 mod quant;
@@ -37,6 +38,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| quant::handler(op))
         .or_else(|| qlinear::handler(op))
         .or_else(|| attention::handler(op))
+        .or_else(|| math::handler(op))
 }
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.

@@ -27,6 +27,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         "Split" => split,
         "Tile" => tile,
         "Pad" => pad,
+        "DepthToSpace" | "SpaceToDepth" => depth_space,
         _ => return None,
     })
 }
@@ -570,4 +571,64 @@ fn pad_from_edges(
     ordered.push(x);
     ordered.extend(parts.iter().filter(|p| !p.0).map(|p| p.1));
     ctx.b.op(Op::Concat { axis: a }, &ordered)
+}
+
+/// DepthToSpace (modes DCR and CRD) and SpaceToDepth: `[N, C, H, W]` blocks of `b × b`
+/// moved between channels and space by a reshape, a permute and a reshape.
+fn depth_space(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = ctx.input(n, 0)?;
+    let s = ctx.b.shape(x);
+    if s.len() != 4 {
+        return Err(n.err(format!("input of rank {} (4: [N, C, H, W])", s.len())));
+    }
+    let b = n.int("blocksize", 0)?;
+    if b <= 0 {
+        return Err(n.err("blocksize must be positive"));
+    }
+    let bd = Dim::Const(b);
+    let (nn, c, h, w) = (s[0].clone(), s[1].clone(), s[2].clone(), s[3].clone());
+    let times = |a: &Dim, k: i64| Dim::binary(DimOp::Mul, a.clone(), Dim::Const(k));
+    let over = |a: &Dim, k: i64| Dim::binary(DimOp::FloorDiv, a.clone(), Dim::Const(k));
+    let (split, perm, merged) = if n.op == "DepthToSpace" {
+        let cc = match c.as_const() {
+            Some(c) if c % (b * b) == 0 => Dim::Const(c / (b * b)),
+            _ => return Err(n.err(format!("{c} channels are not a multiple of {b}²"))),
+        };
+        let merged = vec![nn.clone(), cc.clone(), times(&h, b), times(&w, b)];
+        match n.string("mode", "DCR")?.as_str() {
+            "DCR" => (
+                vec![nn, bd.clone(), bd, cc, h, w],
+                vec![0, 3, 4, 1, 5, 2],
+                merged,
+            ),
+            "CRD" => (
+                vec![nn, cc, bd.clone(), bd, h, w],
+                vec![0, 1, 4, 2, 5, 3],
+                merged,
+            ),
+            other => return Err(n.err(format!("unknown mode '{other}'"))),
+        }
+    } else {
+        for (d, what) in [(&h, "height"), (&w, "width")] {
+            if d.as_const().is_some_and(|v| v % b != 0) {
+                return Err(n.err(format!("{what} {d} is not a multiple of {b}")));
+            }
+        }
+        let (hb, wb) = (over(&h, b), over(&w, b));
+        (
+            vec![
+                nn.clone(),
+                c.clone(),
+                hb.clone(),
+                bd.clone(),
+                wb.clone(),
+                bd,
+            ],
+            vec![0, 3, 5, 1, 2, 4],
+            vec![nn, times(&c, b * b), hb, wb],
+        )
+    };
+    let x = ctx.b.reshape(x, split)?;
+    let x = ctx.b.permute(x, perm)?;
+    one(ctx.b.reshape(x, merged)?)
 }
