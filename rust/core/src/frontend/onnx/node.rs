@@ -138,6 +138,20 @@ impl<'a> Node<'a> {
         })
     }
 
+    pub fn strings(&self, name: &str) -> Result<Option<Vec<String>>> {
+        let Some(a) = self.attr_checked(name)? else {
+            return Ok(None);
+        };
+        a.strings
+            .iter()
+            .map(|s| {
+                String::from_utf8(s.clone())
+                    .map_err(|_| self.err(format!("attribute '{name}' is not UTF-8")))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
     pub fn tensor(&self, name: &str) -> Result<Option<&'a TensorProto>> {
         Ok(self.attr_checked(name)?.and_then(|a| a.t.as_ref()))
     }

@@ -11,6 +11,7 @@ mod math;
 mod nn;
 mod qlinear;
 mod quant;
+mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
@@ -39,6 +40,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| qlinear::handler(op))
         .or_else(|| attention::handler(op))
         .or_else(|| math::handler(op))
+        .or_else(|| recurrent::handler(op))
 }
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
