@@ -58,7 +58,7 @@ def test_unknown_op_names_op_and_node() -> None:
     [
         ("LpPool", ["x"], {"kernel_shape": [2]}),
         ("MaxUnpool", ["x", "i"], {"kernel_shape": [2]}),
-        ("GridSample", ["x", "g"], {}),
+        ("NonZero", ["x"], {}),
         ("Unique", ["x"], {}),
     ],
 )

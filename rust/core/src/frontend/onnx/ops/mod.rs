@@ -5,6 +5,7 @@ mod attention;
 mod conv;
 mod creation;
 mod elementwise;
+mod grid_sample;
 mod index;
 mod linalg;
 mod math;
@@ -41,6 +42,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| attention::handler(op))
         .or_else(|| math::handler(op))
         .or_else(|| recurrent::handler(op))
+        .or_else(|| grid_sample::handler(op))
 }
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
@@ -61,9 +63,6 @@ pub fn unsupported_reason(op: &str) -> Option<&'static str> {
     Some(match op {
         "LpPool" | "MaxUnpool" | "GlobalLpPool" => {
             "Lp pooling and unpooling need IR ops Ember does not have yet"
-        }
-        "GridSample" => {
-            "sampling at tensor-valued positions needs an IR op Ember does not have yet"
         }
         "Sort" | "Unique" => "sorting needs an IR op Ember does not have yet",
         "Scatter" => "deprecated before opset 13 (use ScatterElements)",
