@@ -315,6 +315,9 @@ CASES: dict[str, Callable[[], tuple]] = {
     ),
     "Trilu_upper": with_consts("Trilu", X, {"k": np.array(1, np.int64)}),
     "Trilu_lower": unary("Trilu", X, upper=0),
+    "EyeLike": unary("EyeLike", B),
+    "EyeLike_k_dtype": unary("EyeLike", B, k=-2, dtype=TensorProto.INT32),
+    "EyeLike_wide": unary("EyeLike", randn(3, 7, seed=14), k=3),
     # Creation.
     "Range_int": lambda: (
         single(

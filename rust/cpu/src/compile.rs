@@ -526,6 +526,78 @@ mod tests {
         );
     }
 
+    /// A direction of stacked weights (`w[1]`, as an LSTM's `[dirs, 4H, I]`), reshaped and
+    /// transposed into a product: folded into a constant at compile time and packed, and
+    /// the product still right.
+    #[test]
+    fn a_weight_sliced_reshaped_and_transposed_into_a_product_is_packed() {
+        use ember_core::backend::Backend;
+        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (5, 3);
+        let mut g = Graph::new();
+        let x = g
+            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .unwrap();
+        let w = g
+            .add_source(Op::Weight { name: "w".into() }, ty(&[2, n, k]), "w")
+            .unwrap();
+        let slice = Op::Slice {
+            axis: 0,
+            start: Dim::from(1usize),
+            end: Dim::from(2usize),
+            step: 1,
+        };
+        let one = g.add(slice, &[w], "w1").unwrap();
+        let shape = vec![Dim::from(n), Dim::from(k)];
+        let flat = g.add(Op::Reshape { shape }, &[one], "w1r").unwrap();
+        let wt = g
+            .add(Op::Permute { perm: vec![1, 0] }, &[flat], "wt")
+            .unwrap();
+        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+        g.outputs = vec![y];
+        let w_vals: Vec<f32> = (0..2 * n * k).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let bytes: Vec<u8> = w_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut weights = Weights::new();
+        weights.insert(
+            "w".into(),
+            HostTensor::owned(DType::F32, vec![2, n, k], bytes).unwrap(),
+        );
+        let prog = Program::new(&g, &weights, true).unwrap();
+        let dot = prog.graph.outputs[0];
+        assert_eq!(prog.packed[dot].len(), 1, "the weight operand is packed");
+        let xs: Vec<f32> = (0..2 * k).map(|i| i as f32 - 4.0).collect();
+        let mut got = vec![0f32; 2 * n];
+        let exe = crate::CpuBackend::new(1).compile(&g, &weights).unwrap();
+        let view = TensorView {
+            ptr: xs.as_ptr() as *const u8,
+            dtype: DType::F32,
+            shape: vec![2, k],
+            strides: contiguous_strides(&[2, k]),
+        };
+        let out = TensorOut {
+            ptr: got.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+            shape: vec![2, n],
+        };
+        // SAFETY: the buffers are live and of the declared sizes.
+        unsafe { exe.run(&[view], &[out]).unwrap() };
+        for r in 0..2 {
+            for c in 0..n {
+                let want: f32 = (0..k)
+                    .map(|i| xs[r * k + i] * w_vals[(n + c) * k + i])
+                    .sum();
+                assert!(
+                    (got[r * n + c] - want).abs() < 1e-4,
+                    "{r},{c}: {} vs {want}",
+                    got[r * n + c]
+                );
+            }
+        }
+    }
+
     /// Sources and views of them are made once per plan (`Plan::fixed`) and skipped by the
     /// executor; repeated calls, one of them a graph output, keep their values intact (the
     /// arena never takes a fixed value's buffer for a later node).

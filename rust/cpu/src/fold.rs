@@ -11,6 +11,14 @@ use ember_core::dim::Dim;
 use ember_core::interp;
 use ember_core::ir::{ConstData, Graph, Node, Op, ValueId};
 
+/// A backend kernel's base op (what it computes), any other op itself.
+fn base(op: &Op) -> &Op {
+    match op {
+        Op::Kernel { base, .. } => base,
+        other => other,
+    }
+}
+
 fn is_source(op: &Op) -> bool {
     matches!(
         op,
@@ -46,6 +54,17 @@ pub fn fold_weights(graph: &Graph, weights: &Weights) -> Graph {
             .product::<i64>()
             <= MAX_FOLDED_ELEMS
     };
+    // A product's weight operand reached through views other than one transpose (a
+    // direction of a recurrent layer's stacked weights: slice, reshape, transpose) is folded
+    // too: the packing of weight operands sees only weights, constants and their transposes,
+    // and an unpacked operand made each step of an LSTM ~8× slower.
+    let plain_operand = |i: ValueId| {
+        let node = &graph.nodes[i];
+        is_source(&node.op)
+            || matches!(base(&node.op), Op::Permute { .. })
+                && node.inputs.iter().all(|&s| is_source(&graph.nodes[s].op))
+    };
+    let product = |op: &Op| matches!(base(op), Op::Dot | Op::IntegerDot | Op::Conv { .. });
     // Fold the computed values that a run-time node or an output reads.
     let mut fold = vec![false; n];
     for (id, node) in graph.nodes.iter().enumerate() {
@@ -53,7 +72,8 @@ pub fn fold_weights(graph: &Graph, weights: &Weights) -> Graph {
             continue;
         }
         for &i in &node.inputs {
-            if computed[i] && small(i) {
+            let view_operand = product(&node.op) && known[i] && !plain_operand(i);
+            if (computed[i] || view_operand) && small(i) {
                 fold[i] = true;
             }
         }

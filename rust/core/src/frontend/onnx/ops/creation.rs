@@ -19,6 +19,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         "ConstantOfShape" => constant_of_shape,
         "Range" => range,
         "Trilu" => trilu,
+        "EyeLike" => eye_like,
         _ => return None,
     })
 }
@@ -233,4 +234,47 @@ fn trilu(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     one(ctx
         .b
         .where_(keep, Operand::Tensor(x), Operand::Tensor(zero))?)
+}
+
+/// EyeLike: ones where `j - i == k` in a 2-d tensor of the input's shape, zeros elsewhere,
+/// in `dtype` (the input's type when absent). torch's exporter writes it for `diagonal`.
+fn eye_like(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let x = ctx.input(n, 0)?;
+    let shape = ctx.b.shape(x);
+    if shape.len() != 2 {
+        return Err(n.err(format!("input of rank {} (2)", shape.len())));
+    }
+    let dtype = match n.int("dtype", 0)? {
+        0 => ctx.b.dtype(x),
+        code => crate::frontend::onnx::tensor::dtype_from_onnx(
+            i32::try_from(code).unwrap_or(0),
+            &n.name,
+        )?,
+    };
+    let k = n.int("k", 0)?;
+    let rows = iota(
+        ctx,
+        Scalar::Int(0),
+        Scalar::Int(1),
+        DType::I64,
+        shape[0].clone(),
+    )?;
+    let rows = ctx.b.reshape(rows, vec![shape[0].clone(), Dim::Const(1)])?;
+    let cols = iota(
+        ctx,
+        Scalar::Int(0),
+        Scalar::Int(1),
+        DType::I64,
+        shape[1].clone(),
+    )?;
+    let cols = ctx.b.reshape(cols, vec![Dim::Const(1), shape[1].clone()])?;
+    let diff = ctx
+        .b
+        .binary(BinaryOp::Sub, Operand::Tensor(cols), Operand::Tensor(rows))?;
+    let on = ctx.b.binary(
+        BinaryOp::Eq,
+        Operand::Tensor(diff),
+        Operand::Scalar(Scalar::Int(k)),
+    )?;
+    one(ctx.b.cast(on, dtype)?)
 }
