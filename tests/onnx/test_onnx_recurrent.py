@@ -16,6 +16,8 @@ from onnx import TensorProto, helper
 from onnx_util import check, make_model, ort_run, randn
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
+# The CUDA backend's kernels, run by its emulator, where the wheel has them.
+BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 class _Wrap(torch.nn.Module):
@@ -32,11 +34,18 @@ class _Wrap(torch.nn.Module):
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize(
-    ("layers", "bidirectional", "batch_first", "with_state"),
-    [(1, False, True, False), (2, True, False, True), (2, False, True, True)],
+    ("layers", "bidirectional", "batch_first", "with_state", "backend"),
+    [(1, False, True, False, "cpu"), (2, True, False, True, "cpu"), (2, False, True, True, "cpu")]
+    + [(1, True, True, True, b) for b in BACKENDS[1:]],
 )
 def test_torch_recurrent_modules(
-    tmp_path, kind: str, layers: int, bidirectional: bool, batch_first: bool, with_state: bool
+    tmp_path,
+    kind: str,
+    layers: int,
+    bidirectional: bool,
+    batch_first: bool,
+    with_state: bool,
+    backend: str,
 ) -> None:
     torch.manual_seed(0)
     rnn = getattr(torch.nn, kind)(
@@ -54,7 +63,7 @@ def test_torch_recurrent_modules(
     # torch writes LSTM and GRU as the ONNX ops (RNN as its steps).
     assert kind == "RNN" or kind in {n.op_type for n in written.graph.node}
     feeds = {n: v.numpy() for n, v in zip(names, (x, *states), strict=True)}
-    got = check(written, feeds, compiled=ember.compile_onnx(str(path)), **TOL)
+    got = check(written, feeds, compiled=ember.compile_onnx(str(path), backend=backend), **TOL)
     with torch.no_grad():
         want = model(x, *states)
     for g, w in zip(got, want, strict=True):
