@@ -37,7 +37,8 @@ fn main() {
         eprintln!("this CPU lacks AVX2/FMA: sgemm is not used here");
         return;
     }
-    // (m, n, k, what): MLP, Llama prefill (64 tokens) and decode, attention, a CNN conv.
+    // (m, n, k, what): MLP, Llama prefill (64 tokens) and decode, attention, a CNN conv, an
+    // LSTM step (batch 4, hidden 256: the same 1 MB weight every step).
     let shapes = [
         (32, 1024, 256, "MLP up"),
         (32, 1024, 1024, "MLP mid"),
@@ -50,6 +51,7 @@ fn main() {
         (1, 688, 256, "decode gate"),
         (64, 64, 32, "attention qk"),
         (64, 3136, 576, "conv 3x3 64ch 56x56"),
+        (4, 1024, 256, "LSTM step"),
     ];
     println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) |");
     println!("|---|---|---:|---:|---:|---:|---:|");

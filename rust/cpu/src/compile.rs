@@ -353,12 +353,23 @@ impl Program {
                 return Err(Error::Compile(format!("output %{o} does not exist")));
             }
         }
-        let packed = graph
-            .nodes
-            .iter()
-            .map(|node| pack_weight_operands(&graph, node, &bound))
-            .collect::<crate::error::KResult<Vec<_>>>()
-            .map_err(|e| Error::Compile(e.to_string()))?;
+        // Products of one weight share its packed copy (see `Packed`).
+        let mut packed_by_weight: HashMap<usize, Vec<Packed>> = HashMap::new();
+        let mut packed = Vec::with_capacity(graph.nodes.len());
+        for node in &graph.nodes {
+            let shared = matches!(node.op, Op::Dot)
+                .then(|| node.inputs.get(1))
+                .flatten();
+            let packs = match shared.and_then(|w| packed_by_weight.get(w)) {
+                Some(p) => p.clone(),
+                None => pack_weight_operands(&graph, node, &bound)
+                    .map_err(|e| Error::Compile(e.to_string()))?,
+            };
+            if let (Some(&w), false) = (shared, packs.is_empty()) {
+                packed_by_weight.insert(w, packs.clone());
+            }
+            packed.push(packs);
+        }
         let packed_integer = graph
             .nodes
             .iter()
@@ -596,6 +607,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Two products of one weight (an unrolled recurrent layer's steps) share one packed
+    /// copy, which stays in cache from one step to the next.
+    #[test]
+    fn products_of_one_weight_share_its_packed_copy() {
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (5, 3);
+        let mut g = Graph::new();
+        let x = g
+            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .unwrap();
+        let w = g
+            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
+            .unwrap();
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
+        let y1 = g.add(Op::Dot, &[x, wt], "y1").unwrap();
+        let y2 = g.add(Op::Dot, &[x, wt], "y2").unwrap();
+        g.outputs = vec![y1, y2];
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let mut weights = Weights::new();
+        weights.insert(
+            "w".into(),
+            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
+        );
+        let prog = Program::new(&g, &weights, false).unwrap();
+        let (a, b) = (&prog.packed[y1], &prog.packed[y2]);
+        assert_eq!((a.len(), b.len()), (1, 1), "both operands packed");
+        assert!(a[0].shares_panels_with(&b[0]), "one copy");
     }
 
     /// Sources and views of them are made once per plan (`Plan::fixed`) and skipped by the

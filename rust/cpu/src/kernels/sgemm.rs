@@ -75,14 +75,16 @@ impl Strided {
 }
 
 /// An operand packed into panels (of `MR` rows for a left operand, `NR` columns for a
-/// right one).
+/// right one). Clones share the panels: products of one weight read one copy (an unrolled
+/// recurrent layer's steps, whose copies each would stream the weight from memory).
+#[derive(Clone)]
 pub struct Packed {
     /// Rows and columns of the matrix it holds.
     pub rows: usize,
     pub cols: usize,
     /// Whether it is a left (`a`) operand: panels of rows; else panels of columns.
     left: bool,
-    data: Vec<f32>,
+    data: std::sync::Arc<Vec<f32>>,
 }
 
 impl Packed {
@@ -94,6 +96,7 @@ impl Packed {
         let mut data = vec![0.0; rows.div_ceil(MR) * MR * cols];
         // SAFETY: by the contract; `data` has room for every panel.
         unsafe { pack_a(&mut data, rows, cols, src, 1) };
+        let data = std::sync::Arc::new(data);
         Packed {
             rows,
             cols,
@@ -110,12 +113,19 @@ impl Packed {
         let mut data = vec![0.0; cols.div_ceil(NR) * NR * rows];
         // SAFETY: by the contract; `data` has room for every panel.
         unsafe { pack_b(&mut data, rows, cols, src, 1) };
+        let data = std::sync::Arc::new(data);
         Packed {
             rows,
             cols,
             left: false,
             data,
         }
+    }
+
+    /// Whether both hold the same panels (one copy, shared).
+    #[cfg(test)]
+    pub fn shares_panels_with(&self, other: &Packed) -> bool {
+        std::sync::Arc::ptr_eq(&self.data, &other.data)
     }
 
     pub fn is_left(&self) -> bool {
