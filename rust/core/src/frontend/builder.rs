@@ -278,6 +278,36 @@ impl Builder {
         self.op(Op::Where, &v)
     }
 
+    /// Grouped-query attention: each k/v head (dim `rank - 3`) repeated `q_heads / kv_heads`
+    /// times, as a view.
+    pub fn repeat_heads(&mut self, v: ValueId, q_heads: &Dim) -> Result<ValueId> {
+        let shape = self.shape(v);
+        let r = shape.len();
+        if r < 3 || &shape[r - 3] == q_heads {
+            return Ok(v);
+        }
+        let (hk, hq) = match (shape[r - 3].as_const(), q_heads.as_const()) {
+            (Some(a), Some(b)) if a > 0 && b % a == 0 => (a, b),
+            _ => {
+                return Err(Error::Shape(format!(
+                    "attention with {} kv heads for {q_heads} query heads at node '{}'",
+                    shape[r - 3],
+                    self.origin
+                )))
+            }
+        };
+        let mut split = shape[..r - 2].to_vec();
+        split.push(Dim::Const(1));
+        split.extend(shape[r - 2..].iter().cloned());
+        let v = self.reshape(v, split.clone())?;
+        let mut wide = split;
+        wide[r - 2] = Dim::Const(hq / hk);
+        let v = self.broadcast_to(v, &wide)?;
+        let mut merged = shape.clone();
+        merged[r - 3] = Dim::Const(hq);
+        self.reshape(v, merged)
+    }
+
     /// Sum over `axes` divided by the number of reduced elements.
     pub fn mean(&mut self, v: ValueId, axes: Vec<usize>, keepdim: bool) -> Result<ValueId> {
         let shape = self.shape(v);

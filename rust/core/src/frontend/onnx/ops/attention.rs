@@ -11,7 +11,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
@@ -59,49 +59,9 @@ fn split_heads(ctx: &mut Ctx, n: &Node, x: ValueId, heads: i64, what: &str) -> R
     ctx.b.permute(x, vec![0, 2, 1, 3])
 }
 
-/// Grouped-query attention: each of the `[B, Hkv, S, D]` heads repeated `Hq / Hkv` times.
-fn repeat_heads(ctx: &mut Ctx, n: &Node, x: ValueId, q_heads: usize) -> Result<ValueId> {
-    let kv_heads = const_dim(ctx, n, x, 1, "number of key/value heads")?;
-    if kv_heads == q_heads {
-        return Ok(x);
-    }
-    if kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
-        return Err(n.err(format!(
-            "{q_heads} query heads cannot share {kv_heads} key/value heads"
-        )));
-    }
-    let s = ctx.b.shape(x);
-    let one_more = vec![
-        s[0].clone(),
-        s[1].clone(),
-        Dim::Const(1),
-        s[2].clone(),
-        s[3].clone(),
-    ];
-    let x = ctx.b.reshape(x, one_more.clone())?;
-    let mut wide = one_more;
-    wide[2] = Dim::Const((q_heads / kv_heads) as i64);
-    let x = ctx.b.broadcast_to(x, &wide)?;
-    ctx.b.reshape(
-        x,
-        vec![
-            s[0].clone(),
-            Dim::Const(q_heads as i64),
-            s[2].clone(),
-            s[3].clone(),
-        ],
-    )
-}
-
-/// A 0-d or `[len]` int64 iota.
+/// `[0, len)` as int64.
 fn positions(ctx: &mut Ctx, len: Dim) -> Result<ValueId> {
-    ctx.b.source(
-        Op::Iota {
-            start: Scalar::Int(0),
-            step: Scalar::Int(1),
-        },
-        TensorType::new(DType::I64, vec![len]),
-    )
+    super::creation::iota(ctx, Scalar::Int(0), Scalar::Int(1), DType::I64, len)
 }
 
 /// The bottom-right causal frontier `[L, T]`: query `i` sees key `j` iff `j ≤ i + offset`.
@@ -210,8 +170,9 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         true => n.float("scale", 1.0)? as f64,
         false => 1.0 / (head as f64).sqrt(),
     };
-    let kr = repeat_heads(ctx, n, k4, q_heads)?;
-    let vr = repeat_heads(ctx, n, v4, q_heads)?;
+    let q_heads = Dim::Const(q_heads as i64);
+    let kr = ctx.b.repeat_heads(k4, &q_heads)?;
+    let vr = ctx.b.repeat_heads(v4, &q_heads)?;
     let total = ctx.b.shape(kr)[2].clone();
     let scores_shape = vec![qs[0].clone(), qs[1].clone(), qs[2].clone(), total.clone()];
 

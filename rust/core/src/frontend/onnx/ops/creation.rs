@@ -181,9 +181,37 @@ fn range(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     )?)
 }
 
-fn iota(ctx: &mut Ctx, start: Scalar, step: Scalar, dtype: DType, len: Dim) -> Result<ValueId> {
+pub(super) fn iota(
+    ctx: &mut Ctx,
+    start: Scalar,
+    step: Scalar,
+    dtype: DType,
+    len: Dim,
+) -> Result<ValueId> {
     ctx.b
         .source(Op::Iota { start, step }, TensorType::new(dtype, vec![len]))
+}
+
+/// `j − i` over a `[rows, cols]` grid: how far each element is from the main diagonal.
+fn diagonal_offsets(ctx: &mut Ctx, rows: &Dim, cols: &Dim) -> Result<ValueId> {
+    let i = iota(
+        ctx,
+        Scalar::Int(0),
+        Scalar::Int(1),
+        DType::I64,
+        rows.clone(),
+    )?;
+    let i = ctx.b.reshape(i, vec![rows.clone(), Dim::Const(1)])?;
+    let j = iota(
+        ctx,
+        Scalar::Int(0),
+        Scalar::Int(1),
+        DType::I64,
+        cols.clone(),
+    )?;
+    let j = ctx.b.reshape(j, vec![Dim::Const(1), cols.clone()])?;
+    ctx.b
+        .binary(BinaryOp::Sub, Operand::Tensor(j), Operand::Tensor(i))
 }
 
 /// Trilu keeps `j − i ≥ k` (upper) or `j − i ≤ k` (lower) of the last two dims.
@@ -199,29 +227,7 @@ fn trilu(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     } else {
         0
     };
-    let rows = iota(
-        ctx,
-        Scalar::Int(0),
-        Scalar::Int(1),
-        DType::I64,
-        shape[r - 2].clone(),
-    )?;
-    let rows = ctx
-        .b
-        .reshape(rows, vec![shape[r - 2].clone(), Dim::Const(1)])?;
-    let cols = iota(
-        ctx,
-        Scalar::Int(0),
-        Scalar::Int(1),
-        DType::I64,
-        shape[r - 1].clone(),
-    )?;
-    let cols = ctx
-        .b
-        .reshape(cols, vec![Dim::Const(1), shape[r - 1].clone()])?;
-    let diff = ctx
-        .b
-        .binary(BinaryOp::Sub, Operand::Tensor(cols), Operand::Tensor(rows))?;
+    let diff = diagonal_offsets(ctx, &shape[r - 2], &shape[r - 1])?;
     let cmp = if n.flag("upper", true)? {
         BinaryOp::Ge
     } else {
@@ -252,25 +258,7 @@ fn eye_like(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         )?,
     };
     let k = n.int("k", 0)?;
-    let rows = iota(
-        ctx,
-        Scalar::Int(0),
-        Scalar::Int(1),
-        DType::I64,
-        shape[0].clone(),
-    )?;
-    let rows = ctx.b.reshape(rows, vec![shape[0].clone(), Dim::Const(1)])?;
-    let cols = iota(
-        ctx,
-        Scalar::Int(0),
-        Scalar::Int(1),
-        DType::I64,
-        shape[1].clone(),
-    )?;
-    let cols = ctx.b.reshape(cols, vec![Dim::Const(1), shape[1].clone()])?;
-    let diff = ctx
-        .b
-        .binary(BinaryOp::Sub, Operand::Tensor(cols), Operand::Tensor(rows))?;
+    let diff = diagonal_offsets(ctx, &shape[0], &shape[1])?;
     let on = ctx.b.binary(
         BinaryOp::Eq,
         Operand::Tensor(diff),

@@ -9,6 +9,7 @@ use super::{bin, one, scalar, Handler};
 use crate::dim::{numel, Dim};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::frontend::builder::Operand;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
 use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
@@ -27,15 +28,12 @@ enum Padding {
     Reflection,
 }
 
-/// `where(cond, a, b)` broadcast to a common shape.
 fn pick(ctx: &mut Ctx, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-    let v = ctx.b.broadcast_all(&[cond, a, b])?;
-    ctx.b.op(Op::Where, &v)
+    ctx.b.where_(cond, Operand::Tensor(a), Operand::Tensor(b))
 }
 
 fn cmp(ctx: &mut Ctx, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
-    let v = ctx.b.broadcast_all(&[a, b])?;
-    ctx.b.op(Op::Binary(op), &v)
+    ctx.b.binary(op, Operand::Tensor(a), Operand::Tensor(b))
 }
 
 /// `min(max(v, lo), hi)`.
@@ -216,7 +214,9 @@ fn grid_sample(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
                 });
             }
         }
-        let (flat, inside) = (flat.expect("r ≥ 1"), inside.expect("r ≥ 1"));
+        let (Some(flat), Some(inside)) = (flat, inside) else {
+            return Err(n.err("no spatial axis to sample"));
+        };
         let index = ctx.b.broadcast_to(flat, &gather_shape)?;
         let mut value = ctx.b.op(Op::Gather { axis: 2 }, &[flat_x, index])?;
         if let Some(w) = weight {
@@ -232,5 +232,6 @@ fn grid_sample(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     }
     let mut out = vec![batch, channels];
     out.extend(out_spatial);
-    one(ctx.b.reshape(total.expect("at least one corner"), out)?)
+    let total = total.ok_or_else(|| n.err("no neighbour to sample"))?;
+    one(ctx.b.reshape(total, out)?)
 }

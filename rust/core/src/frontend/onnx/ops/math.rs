@@ -6,9 +6,10 @@
 use super::{bin, one, scalar, Handler};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::frontend::builder::Operand;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, UnaryOp, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
@@ -41,14 +42,16 @@ impl Math<'_> {
     }
     /// `where(cond, a, b)` broadcast to a common shape.
     fn pick(&mut self, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-        let v = self.ctx.b.broadcast_all(&[cond, a, b])?;
-        self.ctx.b.op(Op::Where, &v)
+        self.ctx
+            .b
+            .where_(cond, Operand::Tensor(a), Operand::Tensor(b))
     }
     /// `x op c` as bool, for a constant `c`.
     fn cmp(&mut self, op: BinaryOp, x: ValueId, c: f64) -> Result<ValueId> {
         let c = self.k(c)?;
-        let v = self.ctx.b.broadcast_all(&[x, c])?;
-        self.ctx.b.op(Op::Binary(op), &v)
+        self.ctx
+            .b
+            .binary(op, Operand::Tensor(x), Operand::Tensor(c))
     }
 
     /// `log(1 + exp(x))` as `max(x, 0) + log1p(exp(-|x|))`: no overflow, exact for large x.

@@ -127,35 +127,6 @@ fn rms_norm(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     )?))
 }
 
-/// Grouped-query attention: repeat each k/v head `q_heads / kv_heads` times.
-fn repeat_heads(ctx: &mut Ctx, v: ValueId, q_heads: &Dim) -> Result<ValueId> {
-    let shape = ctx.b.shape(v);
-    let r = shape.len();
-    if r < 3 || &shape[r - 3] == q_heads {
-        return Ok(v);
-    }
-    let (hk, hq) = match (shape[r - 3].as_const(), q_heads.as_const()) {
-        (Some(a), Some(b)) if a > 0 && b % a == 0 => (a, b),
-        _ => {
-            return Err(Error::Shape(format!(
-                "attention with {} kv heads for {q_heads} query heads at node '{}'",
-                shape[r - 3],
-                ctx.b.origin
-            )))
-        }
-    };
-    let mut split = shape[..r - 2].to_vec();
-    split.push(Dim::Const(1));
-    split.extend(shape[r - 2..].iter().cloned());
-    let v = ctx.b.reshape(v, split.clone())?;
-    let mut wide = split;
-    wide[r - 2] = Dim::Const(hq / hk);
-    let v = ctx.b.broadcast_to(v, &wide)?;
-    let mut merged = shape.clone();
-    merged[r - 3] = Dim::Const(hq);
-    ctx.b.reshape(v, merged)
-}
-
 fn attention(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let q = tensor(ctx, n, "query", 0)?;
     let mut k = tensor(ctx, n, "key", 1)?;
@@ -185,8 +156,8 @@ fn attention(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     })?;
     let scale = n.float("scale", 6)?.unwrap_or(1.0 / (e as f64).sqrt());
     if n.bool("enable_gqa", 7, false)? && r >= 3 {
-        k = repeat_heads(ctx, k, &qs[r - 3])?;
-        v = repeat_heads(ctx, v, &qs[r - 3])?;
+        k = ctx.b.repeat_heads(k, &qs[r - 3])?;
+        v = ctx.b.repeat_heads(v, &qs[r - 3])?;
     }
     // Batch dims broadcast among q, k, v (and the mask).
     let (ks, vs) = (ctx.b.shape(k), ctx.b.shape(v));
