@@ -140,14 +140,23 @@ def _measure(
     """Records `label`'s error against `want` (the first output's, in f32) and its median
     time in `row`; a failing runner is recorded as an error, not raised."""
     try:
+        start = time.perf_counter()
         got = call()
+        first_s = time.perf_counter() - start
         got = (got[0] if isinstance(got, tuple | list) else got).float()
         row[f"{label}_max_abs_err"] = float((got - want).abs().max())
         row[label] = timer.median_ms(call)
+        # A progress line per runner: a run cut short by its time limit still shows these.
+        print(
+            f"  {label}: {row[label]:.3f} ms (first call {first_s:.1f} s), "
+            f"max abs err {row[f'{label}_max_abs_err']:.3g}",
+            flush=True,
+        )
         return True
     except Exception as e:
         row[label] = None
         row[f"{label}_error"] = _error(e)
+        print(f"  {label}: {row[f'{label}_error']}", flush=True)
         return False
 
 

@@ -4,11 +4,18 @@
 # by `maturin build --release -o dist`), or builds one when there is none; runs every `cuda`
 # test, the GPU benchmark of the small cases (SMALL_BENCH=0 skips it), and the
 # ~1B-parameter llama decode/prefill benchmark (bounded by $LLAMA_TIMEOUT seconds, default
-# 360; 0 skips it; LLAMA_ARGS are passed on, e.g. "--runners eager,ember,inductor-ro");
+# 360; 0 skips it; LLAMA_ARGS are passed on, e.g. "--runners eager,ember,inductor-ro"),
+# and a profile of Ember at those shapes (bench/gpu_profile.py, bounded by $PROFILE_TIMEOUT
+# seconds, default 150; 0 skips it);
 # prints a short summary table last. Results also go to $OUT (or /tmp/ember-gpu).
 # SANITIZE_TIMEOUT=N (seconds, default 0: skipped) also runs ci/gpu_sanitize.py (small
 # llama prefill/decode, cuBLASLt and generated products) under compute-sanitizer's
 # memcheck and racecheck, each bounded by N seconds.
+#
+# A lease-sized run (stop 35 on one H200: the 326 tests took 45 s on 14 workers, the llama
+# bench with three runners 70 s; the profile adds about a minute):
+#   PYTEST_WORKERS=14 TEST_TIMEOUT=60 TESTS_TIMEOUT=200 SMALL_BENCH=0 LLAMA_TIMEOUT=180 \
+#   LLAMA_ARGS="--runners eager,ember,inductor-ro" ci/gpu_tests.sh
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]
 set -uo pipefail
@@ -31,14 +38,18 @@ print("nvrtc", ember.cuda.nvrtc_version())
 PY
 
 # Run from a copy of the tests outside the source tree, so `import ember` finds the install.
-rm -rf "$out/tests" && cp -r tests "$out/tests"
+# (Not under $out: only a few result files come back from there.)
+tests=$(mktemp -d)/tests
+cp -r tests "$tests"
 # Where the plugins are installed: a test that hangs (a kernel that never ends) is stopped
-# after 120 s, and 4 workers share the compiles (NVRTC, torch.export) across the CPUs.
+# after $TEST_TIMEOUT s (default 120), and $PYTEST_WORKERS workers (default 4) share the
+# compiles (NVRTC, torch.export) across the CPUs. TESTS_TIMEOUT=N bounds the whole run.
 extra=()
-python3 -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=120)
+python3 -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout="${TEST_TIMEOUT:-120}")
 python3 -c "import xdist" 2>/dev/null && extra+=(-n "${PYTEST_WORKERS:-4}")
-python3 -m pytest "$out/tests/ops" "$out/tests/models" "$out/tests/cuda" -m cuda -q \
-    -p no:cacheprovider -rfEs --maxfail=60 "${extra[@]}" --junitxml="$out/cuda-tests.xml" \
+# SIGINT, so that pytest cut short still writes its summary and report.
+timeout -s INT -k 30 "${TESTS_TIMEOUT:-0}" python3 -m pytest "$tests" -m cuda -q -p no:cacheprovider -rfEs --tb=short \
+    --maxfail="${MAXFAIL:-60}" "${extra[@]}" --junitxml="$out/cuda-tests.xml" \
     2>&1 | tee "$out/cuda-tests.log"
 tests_rc=${PIPESTATUS[0]}
 
@@ -54,6 +65,14 @@ if [ "${LLAMA_TIMEOUT:-360}" != 0 ]; then
     timeout "${LLAMA_TIMEOUT:-360}" python3 -m bench.gpu_llama --json "$out/gpu-llama.json" \
         ${LLAMA_ARGS:-} 2>&1 | tee "$out/gpu-llama.log"
     llama_rc=${PIPESTATUS[0]}
+fi
+
+profile_rc=0
+if [ "${PROFILE_TIMEOUT:-150}" != 0 ]; then
+    # Where Ember's time goes (kernels, graph replays and patches) at the llama shapes.
+    timeout "${PROFILE_TIMEOUT:-150}" python3 -m bench.gpu_profile 2>&1 \
+        | grep -v -E "USDT|FutureWarning|return cls" | tee "$out/gpu-profile.log"
+    profile_rc=${PIPESTATUS[0]}
 fi
 
 sanitize_rc=0
@@ -87,6 +106,9 @@ except Exception as e:  # the summary must print even when pytest crashed
 PY
 [ -f "$out/gpu-bench.log" ] && tail -n 12 "$out/gpu-bench.log"
 [ -f "$out/gpu-llama.log" ] && grep -E '^(device|\|)' "$out/gpu-llama.log"
+[ -f "$out/gpu-profile.log" ] && grep -E '^(==|ember \()' "$out/gpu-profile.log"
 [ -f "$out/sanitize-memcheck.log" ] && grep -h -E "ERROR SUMMARY|exit" "$out"/sanitize-*.log
-echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc, sanitizer exit $sanitize_rc"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ]
+echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc," \
+    "profile exit $profile_rc, sanitizer exit $sanitize_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ] && [ "$profile_rc" -eq 0 ] \
+    && [ "$sanitize_rc" -eq 0 ]

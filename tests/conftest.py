@@ -3,8 +3,11 @@ assert_close against eager), run on every backend Ember has."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ember
@@ -74,6 +77,61 @@ def _to_cuda(args: Sequence[Any]) -> list[Any]:
     return [a.to("cuda") if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def _moved(value: Any, device: str) -> Any:
+    """`value` on `device`: a tensor, a module (a copy: other tests may share it), or a tuple
+    or list of them; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value).to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_moved(v, device) for v in value)
+    return value
+
+
+def _function_on(fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+    """`fn` with the tensors it captured (closure cells, default arguments) on `device`: op
+    tests write `lambda x: F.linear(x, w, b)` with `w` and `b` made on the host."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    cells = None
+    if fn.__closure__ is not None:
+        cells = []
+        for cell in fn.__closure__:
+            try:
+                cells.append(types.CellType(_moved(cell.cell_contents, device)))
+            except ValueError:  # a cell not yet filled (a name bound later)
+                cells.append(cell)
+        cells = tuple(cells)
+    defaults = _moved(fn.__defaults__, device) if fn.__defaults__ is not None else None
+    moved = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, defaults, cells)
+    moved.__kwdefaults__ = fn.__kwdefaults__
+    return moved
+
+
+def _on_device(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """A copy of `model` on `device`, with what its wrapped functions captured there too."""
+    model = copy.deepcopy(model).to(device)
+    for m in model.modules():
+        if isinstance(m, Fn):
+            m.fn = _function_on(m.fn, device)
+    return model
+
+
+@contextlib.contextmanager
+def _cuda_reference() -> Iterator[None]:
+    """Eager on the GPU as the reference: tensors the model makes (torch.zeros(...) with no
+    device) land on the GPU, and cuDNN convolutions run in full f32 (torch's default lets
+    them round operands to TF32, which Ember does only when asked: allow_tf32=True)."""
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.device("cuda"):
+            yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
 def _clone(args: Sequence[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -93,10 +151,12 @@ def check(
         model = Fn(model)
     model.eval()
     options = {"backend": backend, "fallback": "error"}
+    on_device: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
     if backend == "cuda":
         # The same model and inputs on the GPU, against eager on the GPU; GPU math
         # (exp, tanh, reduction order) differs from the CPU's in the last bits.
-        model = model.to("cuda")
+        model = _on_device(model, "cuda")
+        on_device = _cuda_reference
         inputs = _to_cuda(inputs)
         new_inputs = _to_cuda(new_inputs) if new_inputs is not None else None
         options = {"device": "cuda", "fallback": "error"}
@@ -105,7 +165,7 @@ def check(
     compiled = torch.compile(model, backend="ember", options=options)
     for args in [inputs] + ([new_inputs] if new_inputs is not None else []):
         pristine = _clone(args)
-        with torch.no_grad():
+        with torch.no_grad(), on_device():
             expected = model(*_clone(args))
             got = compiled(*args)
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
@@ -157,4 +217,5 @@ def onnx_mlp() -> tuple[bytes, np.ndarray]:
         [numpy_helper.from_array(a, name) for a, name in ((w1, "w1"), (b1, "b1"), (w2, "w2"))],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8  # what every onnxruntime reads (a newer onnx writes a newer one)
     return model.SerializeToString(), rng.standard_normal((5, 16), np.float32)

@@ -64,10 +64,10 @@ class Attention(nn.Module):
         if cache is not None:
             k = torch.cat((cache[0], k), dim=2)
             v = torch.cat((cache[1], v), dim=2)
-        # Prefill is causal; a one-token decode step attends to the whole cache.
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=cache is None and t > 1, enable_gqa=True
-        )
+        # Prefill is causal (also for one token: its own key alone); a decode step attends
+        # to the whole cache. (Not `t > 1`: with a dynamic `t` that is a symbolic bool,
+        # which sdpa refuses, and Dynamo breaks the graph at every layer's attention.)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o(out), (k, v)
 

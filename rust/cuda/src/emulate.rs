@@ -405,7 +405,8 @@ impl Device for EmulatedDevice {
             .map(|v| v as *mut u64 as *mut std::ffi::c_void)
             .collect();
         if self.trace {
-            eprintln!("launch k{kernel} grid {grid} block {block} args {args:x?}");
+            let name = self.kernel_names.get(kernel).map_or("?", String::as_str);
+            eprintln!("launch k{kernel} {name} grid {grid} block {block} args {args:x?}");
         }
         let launcher = *self
             .launchers
@@ -421,6 +422,12 @@ impl Device for EmulatedDevice {
     }
 
     fn gemm(&self, c: &GemmCall) -> Result<()> {
+        if self.trace {
+            eprintln!(
+                "gemm {}×{}·{}×{} batch {} {}",
+                c.m, c.k, c.k, c.n, c.batch, c.dtype
+            );
+        }
         self.checked(&|| "a library product".to_string(), || host_gemm(c))
     }
 
