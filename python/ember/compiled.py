@@ -211,7 +211,9 @@ class CompiledModel:
         recorded CUDA graph), ``recorded`` (graphs recorded: one per dim bucket, again after
         the arena grew), ``patched`` (graph nodes given new addresses or product sizes) and
         ``direct`` (runs launched kernel by kernel: with ``EMBER_CUDA_GRAPHS=0``, or after the
-        driver refused a recording, counted in ``record_failures``). Empty on the CPU."""
+        driver refused a recording, counted in ``record_failures``); ``host_us`` (µs of host
+        time in runs, waiting for the index check included), of it ``record_us`` and
+        ``patch_us`` (recording and patching). Empty on the CPU."""
         return dict(self._exe.run_stats())
 
     def report(self) -> SearchReport:

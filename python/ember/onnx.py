@@ -56,6 +56,11 @@ class OnnxModel:
         self.output_names: list[str] = list(compiled.output_names)
         self.input_dtypes: list[str] = list(compiled._input_dtypes)
 
+    @property
+    def device(self) -> str:
+        """Where it runs: "cpu" or "cuda"."""
+        return self._compiled.device
+
     def ir(self) -> str:
         """The compiled IR graph as text."""
         return self._compiled.ir()

@@ -10,9 +10,42 @@ import ember
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 RTOL, ATOL = 1.3e-6, 1e-5
+# GPU math (exp, tanh, reduction order) differs from the host's in the last bits.
+GPU_RTOL, GPU_ATOL = 1e-4, 1e-4
+
+# The backends an ONNX test can run on: the CPU; the CUDA backend's kernels run on the host
+# by its emulator; and the GPU (marked `cuda`, skipped without one).
+BACKEND_NAMES = ["cpu"] + (["cuda-emu", "cuda"] if ember.cuda.cuda_built() else [])
+_CUDA_MARKS = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU"),
+]
+
+
+def with_backend(values: Sequence[Any], backend: str) -> Any:
+    """A parametrize entry of `values` and then `backend`, with the marks it needs."""
+    return pytest.param(*values, backend, marks=_CUDA_MARKS if backend == "cuda" else ())
+
+
+BACKENDS = [with_backend((), b) for b in BACKEND_NAMES]
+
+
+def compile_on(model: Any, backend: str, **options: Any) -> Any:
+    """`model` compiled by Ember for `backend` ("cuda": the GPU, numpy in and out)."""
+    if backend == "cuda":
+        return ember.compile_onnx(model, device="cuda", **options)
+    return ember.compile_onnx(model, backend=backend, **options)
+
+
+def tolerance(backend: str, rtol: float = RTOL, atol: float = ATOL) -> dict[str, float]:
+    """`rtol` and `atol`, no tighter than GPU math allows on "cuda"."""
+    if backend == "cuda":
+        return {"rtol": max(rtol, GPU_RTOL), "atol": max(atol, GPU_ATOL)}
+    return {"rtol": rtol, "atol": atol}
 
 
 def value_info(name: str, arr_or_type: Any, shape: Sequence[Any] | None = None):
@@ -70,6 +103,8 @@ def check(
     """Runs Ember and ONNX Runtime on ``feeds`` and asserts the outputs match."""
     want = ort_run(model, feeds)
     runner = compiled or ember.compile_onnx(model)
+    if getattr(runner, "device", "cpu") == "cuda":
+        rtol, atol = max(rtol, GPU_RTOL), max(atol, GPU_ATOL)
     got = runner(**feeds)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -127,12 +162,17 @@ def calibration(batches: Sequence[dict[str, np.ndarray]]) -> Any:
 
 
 __all__ = [
+    "BACKENDS",
+    "BACKEND_NAMES",
     "TensorProto",
     "calibration",
     "check",
+    "compile_on",
     "ints",
     "make_model",
     "ort_run",
     "randn",
     "single",
+    "tolerance",
+    "with_backend",
 ]

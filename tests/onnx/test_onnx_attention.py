@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from onnx import helper
-from onnx_util import check, make_model, randn
+from onnx_util import BACKENDS, check, compile_on, make_model, randn
 
 
 def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
@@ -46,16 +46,12 @@ def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
     return make_model(nodes, feeds, outputs, initializers=inits), feeds
 
 
-# The CUDA backend's attention kernels, run by its emulator, where the wheel has them.
-BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", ["both", "after"])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_decomposed_attention_runs_fused(form: str, with_mask: bool, backend: str) -> None:
     model, feeds = _attention_model(form, with_mask)
-    compiled = ember.compile_onnx(model, backend=backend)
+    compiled = compile_on(model, backend)
     check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
     ir = compiled.ir()
     assert "attention(" in ir and "softmax(" not in ir, ir
@@ -107,7 +103,7 @@ def test_constant_causal_mask_becomes_causal_attention(masked: float, backend: s
     for mask, causal in [(bias, True), (not_causal, False)]:
         inits = {"c": np.array(0.3, dtype=np.float32), "bias": mask}
         model = make_model(nodes, feeds, ["out"], initializers=inits)
-        compiled = ember.compile_onnx(model, backend=backend)
+        compiled = compile_on(model, backend)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert f"causal={str(causal).lower()}" in compiled.ir(), compiled.ir()
 
@@ -146,7 +142,7 @@ def test_grouped_query_keys_transposed_after_the_repeat(backend: str) -> None:
     feeds = {"q": q, "k": k, "v": v}
     model = make_model(nodes, feeds, ["out"], initializers=inits)
     for iterations in (0, 4):
-        compiled = ember.compile_onnx(model, backend=backend, search_iterations=iterations)
+        compiled = compile_on(model, backend, search_iterations=iterations)
         check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
         assert "attention(" in compiled.ir() and "permute(" not in compiled.ir()
 

@@ -8,11 +8,9 @@ import ember
 import numpy as np
 import pytest
 import torch
-from onnx_util import check, randn, single
+from onnx_util import BACKENDS, check, compile_on, randn, single
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-# The CUDA backend's kernels, run by its emulator, where the wheel has them.
-BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 def _grid(*shape: int, seed: int) -> np.ndarray:
@@ -43,7 +41,7 @@ def test_grid_sample_3d(mode: str, padding_mode: str, backend: str) -> None:
     grid = _grid(1, 2, 3, 4, 3, seed=4)
     attrs = {"mode": mode, "padding_mode": padding_mode}
     model = single("GridSample", {"x": x, "grid": grid}, attrs, opset=20)
-    compiled = ember.compile_onnx(model, backend=backend)
+    compiled = compile_on(model, backend)
     check(model, {"x": x, "grid": grid}, compiled=compiled, **TOL)
 
 

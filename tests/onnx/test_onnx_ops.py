@@ -10,7 +10,7 @@ import ember
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_util import check, ints, make_model, ort_run, randn, single
+from onnx_util import BACKENDS, check, compile_on, ints, make_model, ort_run, randn, single
 
 X = randn(3, 4, 5)
 POS = np.abs(randn(3, 4, 5, seed=1)) + 0.1
@@ -521,14 +521,14 @@ def test_pow_constant_exponent_matches_onnxruntime_exactly(exponent, shape):
         ("Softplus", WIDE, np.logaddexp.reduce),
     ],
 )
-@pytest.mark.parametrize("backend", ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else []))
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_composed_functions_keep_relative_precision(
     op: str, x: np.ndarray, exact, backend: str
 ) -> None:
     """Relative error against float64 where the textbook formula would cancel or overflow
     (the ONNX Runtime comparison's absolute tolerance would hide that); also on the CUDA
     backend's generated code, run by its emulator."""
-    (got,) = ember.compile_onnx(single(op, {"x": x}), backend=backend)(x=x)
+    (got,) = compile_on(single(op, {"x": x}), backend)(x=x)
     x64 = x.astype(np.float64)
     want = exact([np.zeros_like(x64), x64], axis=0) if op == "Softplus" else exact(x64)
     np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)

@@ -13,11 +13,17 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from onnx_util import check, make_model, randn
+from onnx_util import (
+    BACKEND_NAMES,
+    BACKENDS,
+    check,
+    compile_on,
+    make_model,
+    randn,
+    with_backend,
+)
 
 ATTN = {"rtol": 1e-5, "atol": 1e-5}
-# The CUDA backend's kernels, run by its emulator, where the wheel has them.
-BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 def _model(
@@ -95,7 +101,7 @@ def test_rotary_embedding_with_position_ids(
         attrs,
         initializers={"cos": cos, "sin": sin},
     )
-    compiled = ember.compile_onnx(model, backend=backend)
+    compiled = compile_on(model, backend)
     check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
 
 
@@ -187,7 +193,8 @@ def _mask(kind: str, b: int, h: int, q: int, t: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("case", "backend"),
-    [(c, "cpu") for c in ATTENTION_CASES] + [(c, b) for c in EMULATED for b in BACKENDS[1:]],
+    [(c, "cpu") for c in ATTENTION_CASES]
+    + [with_backend((c,), b) for c in EMULATED for b in BACKEND_NAMES[1:]],
 )
 @pytest.mark.parametrize("layout", ["4d", "3d"])
 def test_attention(case: str, layout: str, backend: str) -> None:
@@ -208,7 +215,7 @@ def test_attention(case: str, layout: str, backend: str) -> None:
     if "mask" in c:
         inputs["mask"] = _mask(c["mask"], b, hq, q_len, kv_len)
     model, feeds = _model("Attention", inputs, attrs)
-    compiled = ember.compile_onnx(model, backend=backend)
+    compiled = compile_on(model, backend)
     if c.get("reference") != "onnx":
         check(model, feeds, compiled=compiled, **ATTN)
         return
@@ -241,7 +248,7 @@ def test_attention_with_a_kv_cache(new: int, causal: int, layout: str, backend: 
         "past_v": _heads(b, hkv, past, d, 5),
     }
     model, feeds = _model("Attention", inputs, attrs, outputs=("y", "present_k", "present_v"))
-    check(model, feeds, compiled=ember.compile_onnx(model, backend=backend), **ATTN)
+    check(model, feeds, compiled=compile_on(model, backend), **ATTN)
 
 
 def test_attention_with_a_symbolic_cache_length() -> None:
@@ -301,7 +308,7 @@ def test_attention_over_a_fixed_size_cache(causal: int, backend: str) -> None:
     model = make_model(nodes, feeds, ["y", "cache_k", "cache_v"], inits, opset=24)
     model.ir_version = 10
     assert model.graph.input[-1].type.tensor_type.elem_type == i64
-    check(model, feeds, compiled=ember.compile_onnx(model, backend=backend), **ATTN)
+    check(model, feeds, compiled=compile_on(model, backend), **ATTN)
 
 
 def test_nonpad_lengths_shorter_than_the_queries_hide_whole_rows() -> None:

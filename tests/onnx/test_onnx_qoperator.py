@@ -16,11 +16,19 @@ import pytest
 import torch
 from ember.onnx import load_program
 from onnx import helper
-from onnx_util import calibration, check, make_model, ort_run, randn, rng, single
+from onnx_util import (
+    BACKENDS,
+    calibration,
+    check,
+    compile_on,
+    make_model,
+    ort_run,
+    randn,
+    rng,
+    single,
+)
 
 MS = "com.microsoft"
-# The CUDA backend's generated kernels, run by its emulator, where the wheel has them.
-BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 def conv_int64(x, w, pads, stride=1, group=1):
@@ -105,7 +113,7 @@ def test_conv_integer_is_exact_past_float32s_integers(backend) -> None:
         initializers={"w": w, "xz": np.array(0, np.uint8), "wz": wz},
         input_names=["x", "w", "xz", "wz"],
     )
-    (y,) = ember.compile_onnx(model, backend=backend)(x=x)
+    (y,) = compile_on(model, backend)(x=x)
     want = conv_int64(x, w.astype(np.int64) - wz.astype(np.int64)[:, None, None, None], 1)
     assert np.abs(want).max() > 2**24
     np.testing.assert_array_equal(y, want.astype(np.int32))
@@ -347,7 +355,7 @@ def test_statically_quantized_cnn(tmp_path, fmt, per_channel, backend) -> None:
         assert {"QLinearConv", "QGemm", "QLinearAdd", "QLinearMul"} <= ops, ops
     x = randn(2, 3, 16, 16, seed=20)
     (want,) = ort_run(quantized, {"x": x})
-    (got,) = ember.compile_onnx(quantized, backend=backend)(x=x)
+    (got,) = compile_on(quantized, backend)(x=x)
     # The float output is a dequantized int8: allow one of its quanta, where a value sits
     # on a rounding boundary.
     step = np.min(np.diff(np.unique(want)))

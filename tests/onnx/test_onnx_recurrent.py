@@ -13,11 +13,18 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
-from onnx_util import check, make_model, ort_run, randn
+from onnx_util import (
+    BACKEND_NAMES,
+    check,
+    compile_on,
+    make_model,
+    ort_run,
+    randn,
+    tolerance,
+    with_backend,
+)
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-# The CUDA backend's kernels, run by its emulator, where the wheel has them.
-BACKENDS = ["cpu"] + (["cuda-emu"] if ember.cuda.cuda_built() else [])
 
 
 class _Wrap(torch.nn.Module):
@@ -36,7 +43,7 @@ class _Wrap(torch.nn.Module):
 @pytest.mark.parametrize(
     ("layers", "bidirectional", "batch_first", "with_state", "backend"),
     [(1, False, True, False, "cpu"), (2, True, False, True, "cpu"), (2, False, True, True, "cpu")]
-    + [(1, True, True, True, b) for b in BACKENDS[1:]],
+    + [with_backend((1, True, True, True), b) for b in BACKEND_NAMES[1:]],
 )
 def test_torch_recurrent_modules(
     tmp_path,
@@ -63,11 +70,11 @@ def test_torch_recurrent_modules(
     # torch writes LSTM and GRU as the ONNX ops (RNN as its steps).
     assert kind == "RNN" or kind in {n.op_type for n in written.graph.node}
     feeds = {n: v.numpy() for n, v in zip(names, (x, *states), strict=True)}
-    got = check(written, feeds, compiled=ember.compile_onnx(str(path), backend=backend), **TOL)
+    got = check(written, feeds, compiled=compile_on(str(path), backend), **TOL)
     with torch.no_grad():
         want = model(x, *states)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w.numpy(), **TOL)
+        np.testing.assert_allclose(g, w.numpy(), **tolerance(backend, **TOL))
 
 
 def _node_model(

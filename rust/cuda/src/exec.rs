@@ -150,6 +150,12 @@ pub struct RunStats {
     pub patched: u64,
     /// Recordings the device refused (the program then runs step by step).
     pub record_failures: u64,
+    /// Host time in runs, in µs: all of it (planning, patching, recording, enqueuing, and
+    /// waiting for the index check's flag where there is one), and the parts spent
+    /// recording and patching — where a run's time goes when the device is not the limit.
+    pub host_us: u64,
+    pub record_us: u64,
+    pub patch_us: u64,
 }
 
 /// The resolved dims of one input signature, and (for runs step by step, planned on
@@ -491,8 +497,22 @@ impl<D: Device> Program<D> {
         outputs: &[u64],
         stream: u64,
     ) -> Result<()> {
+        let started = std::time::Instant::now();
         let mut guard = self.run_state.lock().unwrap_or_else(|e| e.into_inner());
         let state = &mut *guard;
+        let ran = self.run_locked(state, input_shapes, inputs, outputs, stream);
+        state.stats.host_us += started.elapsed().as_micros() as u64;
+        ran
+    }
+
+    fn run_locked(
+        &self,
+        state: &mut RunState<D::Recording>,
+        input_shapes: &[Vec<usize>],
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
         let plan = self.plan(input_shapes)?;
         let (want_in, want_out) = (self.kp.graph.inputs.len(), self.kp.graph.outputs.len());
         if inputs.len() != want_in || outputs.len() != want_out {
@@ -590,6 +610,7 @@ impl<D: Device> Program<D> {
         let arena = (base, arena_capacity(state));
         self.watch(plan, &bucket.layout, arena, inputs, outputs, items)?;
         let mut fresh = true;
+        let patching = std::time::Instant::now();
         if let Some(rec) = bucket.recorded.as_mut() {
             let same_shape = rec.work.len() == work.len()
                 && rec.work.iter().zip(&work).all(|(a, b)| a.same_kind(b));
@@ -608,9 +629,13 @@ impl<D: Device> Program<D> {
                 }
             }
         }
+        state.stats.patch_us += patching.elapsed().as_micros() as u64;
         if fresh {
             bucket.recorded = None;
-            match self.device.record(&work) {
+            let recording = std::time::Instant::now();
+            let recorded = self.device.record(&work);
+            state.stats.record_us += recording.elapsed().as_micros() as u64;
+            match recorded {
                 Ok(Some(recording)) => {
                     bucket.recorded = Some(Recorded { recording, work });
                     state.stats.recorded += 1;
@@ -772,6 +797,9 @@ impl<D: Device> Executable for Program<D> {
             ("recorded", s.recorded),
             ("patched", s.patched),
             ("record_failures", s.record_failures),
+            ("host_us", s.host_us),
+            ("record_us", s.record_us),
+            ("patch_us", s.patch_us),
         ]
     }
 
