@@ -167,6 +167,24 @@ pub struct CudaDevice {
     /// of its own: runs of one program never overlap, while two programs may run at once
     /// on two streams.
     workspace: Option<GpuBuffer>,
+    /// cuBLASLt's algorithm for each product shape it was asked about: its heuristic query
+    /// costs more than the product's other host work, and a product is enqueued again on
+    /// every patch of a recording and every run step by step.
+    algos: Mutex<std::collections::HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>>,
+}
+
+/// What cuBLASLt's algorithm choice depends on: the descriptors and the preferences (the
+/// operands' alignments), not the addresses themselves.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    dtype: DType,
+    mnk: (usize, usize, usize),
+    batch: usize,
+    trans: (bool, bool),
+    bias: bool,
+    gelu_tanh: bool,
+    add: bool,
+    alignments: [u32; 4],
 }
 
 // SAFETY: module and function handles are immutable driver objects usable from any thread
@@ -209,6 +227,7 @@ impl CudaDevice {
             stream: AtomicU64::new(0),
             allow_tf32,
             workspace,
+            algos: Mutex::default(),
         })
     }
 
@@ -412,39 +431,67 @@ impl CudaDevice {
             let bias = c.bias as *const c_void;
             set_desc(desc.raw, Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
         }
-        let pref = Lt {
-            raw: lt::create_matmul_pref().map_err(lt_err("matmul"))?,
-            destroy: lt::destroy_matmul_pref,
-        };
-        set_pref(
-            pref.raw,
-            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &WORKSPACE_BYTES,
-        )?;
         // β = 1 adds the addend (cuBLASLt's C, laid out as the result D), else 0.
         let add = c.addend != 0;
         let c_matrix = if add { c.addend } else { c.c };
-        for (attr, addr) in [
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, c.b),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, c.a),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_matrix),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c.c),
-        ] {
-            set_pref(pref.raw, attr, &alignment(addr))?;
-        }
-        // SAFETY: the handle and descriptors are live (created above).
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(
-                self.gpu.blas,
-                desc.raw,
-                la.raw,
-                lb.raw,
-                lc.raw,
-                lc.raw,
-                pref.raw,
-            )
-        }
-        .map_err(|e| driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e))?;
+        let alignments = [c.b, c.a, c_matrix, c.c].map(alignment);
+        let key = AlgoKey {
+            dtype: c.dtype,
+            mnk: (m, n, k),
+            batch: c.batch,
+            trans: (c.trans_a, c.trans_b),
+            bias: c.bias != 0,
+            gelu_tanh: c.gelu_tanh,
+            add,
+            alignments,
+        };
+        let known = self
+            .algos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied();
+        let algo = match known {
+            Some(algo) => algo,
+            None => {
+                let pref = Lt {
+                    raw: lt::create_matmul_pref().map_err(lt_err("matmul"))?,
+                    destroy: lt::destroy_matmul_pref,
+                };
+                set_pref(
+                    pref.raw,
+                    Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &WORKSPACE_BYTES,
+                )?;
+                for (attr, align) in [
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ]
+                .into_iter()
+                .zip(alignments)
+                {
+                    set_pref(pref.raw, attr, &align)?;
+                }
+                // SAFETY: the handle and descriptors are live (created above).
+                let heuristic = unsafe {
+                    lt::get_matmul_algo_heuristic(
+                        self.gpu.blas,
+                        desc.raw,
+                        la.raw,
+                        lb.raw,
+                        lc.raw,
+                        lc.raw,
+                        pref.raw,
+                    )
+                }
+                .map_err(|e| driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e))?;
+                let mut algos = self.algos.lock().unwrap_or_else(|e| e.into_inner());
+                algos.insert(key, heuristic.algo);
+                heuristic.algo
+            }
+        };
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (alpha, beta): (*const c_void, *const c_void) = match (c.dtype, add) {
             (DType::F64, false) => (&one64 as *const f64 as _, &zero64 as *const f64 as _),
@@ -469,7 +516,7 @@ impl CudaDevice {
                 lc.raw,
                 c.c as *mut c_void,
                 lc.raw,
-                &heuristic.algo,
+                &algo,
                 workspace.addr() as *mut c_void,
                 WORKSPACE_BYTES,
                 stream as ltsys::cudaStream_t,

@@ -163,7 +163,10 @@ fn one_recording_serves_every_size_of_a_bucket_and_new_buckets_record_once() {
     } = p.stats();
     assert_eq!(record_failures, 0);
     // The host's time covers its parts.
-    assert!(host_us >= record_us + patch_us, "{host_us} < {record_us} + {patch_us}");
+    assert!(
+        host_us >= record_us + patch_us,
+        "{host_us} < {record_us} + {patch_us}"
+    );
     if std::env::var("EMBER_CUDA_GRAPHS").is_ok_and(|v| v == "0") {
         assert_eq!((direct, replayed), (8, 0));
         return;
