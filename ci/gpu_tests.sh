@@ -13,9 +13,10 @@
 # memcheck and racecheck, each bounded by N seconds.
 #
 # A lease-sized run (stop 35 on one H200: the 326 tests took 45 s on 14 workers, the llama
-# bench with three runners 70 s; the profile adds about a minute):
-#   PYTEST_WORKERS=14 TEST_TIMEOUT=60 TESTS_TIMEOUT=200 SMALL_BENCH=0 LLAMA_TIMEOUT=180 \
-#   LLAMA_ARGS="--runners eager,ember,inductor-ro" ci/gpu_tests.sh
+# bench with three runners 70 s; a fourth runner and the profile add about two minutes):
+#   PYTEST_WORKERS=14 TEST_TIMEOUT=60 TESTS_TIMEOUT=200 MAXFAIL=500 SMALL_BENCH=0 \
+#   LLAMA_TIMEOUT=240 LLAMA_ARGS="--runners eager,ember,ember-warp,inductor-ro --repeats 10" \
+#   ci/gpu_tests.sh
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]
 set -uo pipefail
