@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import check, rand
+from ember.backend import programs_compiled
 from ember.models import MLP, Llama, LlamaConfig, LlamaDecodeStep, NormChain, llama_cache
 from ember.models import Block as LlamaBlock
 
@@ -26,6 +27,19 @@ def test_llama_prefill(backend):
     model = Llama(SMALL)
     tokens = torch.randint(0, SMALL.vocab, (2, 9))
     check(model, [tokens], backend, **TOL, new_inputs=[torch.randint(0, SMALL.vocab, (2, 9))])
+
+
+def test_llama_prefill_with_dynamic_shapes_is_one_program():
+    """The benchmarks compile with dynamic=True: the prompt length is symbolic, and nothing
+    in the model may break Dynamo's graph (a break per layer made 4 programs a layer)."""
+    model = Llama(SMALL).eval()
+    compiled = torch.compile(model, backend="ember", dynamic=True, options={"fallback": "error"})
+    before = programs_compiled()
+    with torch.no_grad():
+        for length in (9, 13):
+            tokens = torch.randint(0, SMALL.vocab, (1, length))
+            torch.testing.assert_close(compiled(tokens), model(tokens), **TOL)
+    assert programs_compiled() - before == 1
 
 
 def test_llama_decode_step_with_kv_cache(backend):
