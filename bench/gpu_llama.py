@@ -35,6 +35,7 @@ from typing import Any
 
 import ember
 import torch
+from ember.backend import live_programs
 from ember.models import Llama, LlamaConfig, LlamaDecodeStep, llama_cache
 
 # Llama-3.2-1B's shape with a 32k vocabulary: 1.1B parameters.
@@ -134,22 +135,45 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:240] if str(e) else ''}"
 
 
+# Ember's programs by runner (those its first call built), for their run statistics.
+_PROGRAMS: dict[str, list[Any]] = {}
+
+
+def _run_stats(label: str) -> str:
+    """The runner's Ember programs' run statistics, summed, per timed call: how many
+    programs (more than one means graph breaks), and the host time a call spends."""
+    programs = _PROGRAMS.get(label, [])
+    if not programs:
+        return ""
+    total: dict[str, int] = {}
+    for p in programs:
+        for k, v in p.run_stats().items():
+            total[k] = total.get(k, 0) + v
+    runs = max(total.get("replayed", 0) + total.get("direct", 0), 1)
+    per_run = ", ".join(f"{k} {v / runs:.1f}" for k, v in sorted(total.items()) if v)
+    return f"; {len(programs)} program(s)" + (f", per run: {per_run}" if per_run else "")
+
+
 def _measure(
     row: dict[str, Any], label: str, call: Callable[[], Any], want: torch.Tensor, timer: Timer
 ) -> bool:
     """Records `label`'s error against `want` (the first output's, in f32) and its median
     time in `row`; a failing runner is recorded as an error, not raised."""
     try:
+        before = live_programs()  # held, so no new program can take an old one's id
         start = time.perf_counter()
         got = call()
         first_s = time.perf_counter() - start
+        new = [p for p in live_programs() if all(p is not q for q in before)]
+        del before
+        _PROGRAMS.setdefault(label, []).extend(new)
         got = (got[0] if isinstance(got, tuple | list) else got).float()
         row[f"{label}_max_abs_err"] = float((got - want).abs().max())
         row[label] = timer.median_ms(call)
         # A progress line per runner: a run cut short by its time limit still shows these.
         print(
             f"  {label}: {row[label]:.3f} ms (first call {first_s:.1f} s), "
-            f"max abs err {row[f'{label}_max_abs_err']:.3g}",
+            f"max abs err {row[f'{label}_max_abs_err']:.3g}{_run_stats(label)}",
             flush=True,
         )
         return True
@@ -251,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             print(f"| {length} | " + " | ".join(cells) + " |")
     del decode_fns, step32
+    _PROGRAMS.clear()  # (each holds its copy of the weights on the GPU)
     torch._dynamo.reset()
 
     if args.prompt > 0:
@@ -265,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 fn = _compiled(model, label, device, args.ember_search)
                 if _measure(row, label, lambda fn=fn: fn(ids), want, timer):
                     row[f"{label}_tokens_per_s"] = args.prompt / (row[label] * 1e-3)
+                _PROGRAMS.clear()
                 torch._dynamo.reset()
         result["prefill"].append(row)
         save()

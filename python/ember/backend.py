@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,12 +45,21 @@ def _signature(args: Sequence[Any], positions: Sequence[int]) -> tuple[Any, ...]
 
 
 _programs_compiled = 0
+# The programs the backend has built that are still in use (not the ONNX-export path's).
+_live_programs: weakref.WeakSet[CompiledModel] = weakref.WeakSet()
 
 
 def programs_compiled() -> int:
     """How many programs the torch.compile backend has compiled in this process (tests use it
     to prove Ember, not an eager fallback, ran a graph)."""
     return _programs_compiled
+
+
+def live_programs() -> list[CompiledModel]:
+    """The programs torch.compile(backend="ember") built that are still alive: what to ask
+    for ``run_stats()``, ``report()`` or ``ir()`` of a model compiled through Dynamo (one
+    per graph and input signature; more than one per model means graph breaks)."""
+    return list(_live_programs)
 
 
 class _DynamoGraph:
@@ -100,6 +110,7 @@ class _DynamoGraph:
         )
         global _programs_compiled
         _programs_compiled += 1
+        _live_programs.add(model)
         if self.graph.exports_everything():
 
             def run(*call_args: Any) -> Any:

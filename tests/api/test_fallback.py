@@ -7,7 +7,7 @@ import ember
 import pytest
 import torch
 from conftest import rand
-from ember.backend import programs_compiled
+from ember.backend import live_programs, programs_compiled
 
 
 @torch.library.custom_op("ember_fallback::triple", mutates_args=())
@@ -158,6 +158,11 @@ def test_graph_breaks_just_work():
 
     compiled = torch.compile(fn, backend="ember", options={"fallback": "error"})
     before = programs_compiled()
+    live = live_programs()  # held, so no new program can take an old one's id
     for x in (rand(3, 8), -rand(3, 8).abs()):
         torch.testing.assert_close(_no_warnings(compiled, x), fn(x))
     assert programs_compiled() - before >= 2
+    # Each graph's program can be asked how its runs went (what bench/gpu_llama.py prints).
+    built = [p for p in live_programs() if all(p is not q for q in live)]
+    assert len(built) == programs_compiled() - before
+    assert all(p.device == "cpu" and "%" in p.ir() for p in built)
