@@ -33,27 +33,36 @@ pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
     let total = checked_numel(&shape).ok_or("shape overflows")?;
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
-            let mut out = Vec::with_capacity(total);
+            // Each output sums its terms in `p` order from the empty sum, as
+            // `(0..k).map(..).sum()` would; looping `p` outside `j` reads `b` by rows
+            // (a column walk misses the cache on every term of a large weight).
+            let zero: f64 = std::iter::empty::<f64>().sum();
+            let mut out = vec![zero; total];
             for t in 0..batch {
                 let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
                 for i in 0..m {
-                    for j in 0..n {
-                        out.push((0..k).map(|p| x[i * k + p] * y[p * n + j]).sum());
+                    let row = &mut out[(t * m + i) * n..][..n];
+                    for p in 0..k {
+                        let xp = x[i * k + p];
+                        for (o, &yv) in row.iter_mut().zip(&y[p * n..][..n]) {
+                            *o += xp * yv;
+                        }
                     }
                 }
             }
             Data::F(out)
         }
         (Data::I(x), Data::I(y)) => {
-            let mut out = Vec::with_capacity(total);
+            let mut out = vec![0i64; total];
             for t in 0..batch {
                 let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
                 for i in 0..m {
-                    for j in 0..n {
-                        let s = (0..k).fold(0i64, |acc, p| {
-                            acc.wrapping_add(x[i * k + p].wrapping_mul(y[p * n + j]))
-                        });
-                        out.push(s);
+                    let row = &mut out[(t * m + i) * n..][..n];
+                    for p in 0..k {
+                        let xp = x[i * k + p];
+                        for (o, &yv) in row.iter_mut().zip(&y[p * n..][..n]) {
+                            *o = o.wrapping_add(xp.wrapping_mul(yv));
+                        }
                     }
                 }
             }
@@ -82,13 +91,20 @@ pub(crate) fn integer_dot(a: &Value, b: &Value) -> R<Value> {
     let batch = batch_count(ba)?;
     let mut shape = ba.to_vec();
     shape.extend([m, n]);
-    let mut out = Vec::with_capacity(checked_numel(&shape).ok_or("shape overflows")?);
+    let mut out = vec![0i64; checked_numel(&shape).ok_or("shape overflows")?];
     for t in 0..batch {
         let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
         for i in 0..m {
-            for j in 0..n {
-                let s: i64 = (0..k).map(|p| x[i * k + p] * y[p * n + j]).sum();
-                out.push(i64::from(s as i32));
+            // Exact i64 sums (8-bit terms), by rows of `b` as in `dot`.
+            let row = &mut out[(t * m + i) * n..][..n];
+            for p in 0..k {
+                let xp = x[i * k + p];
+                for (o, &yv) in row.iter_mut().zip(&y[p * n..][..n]) {
+                    *o += xp * yv;
+                }
+            }
+            for o in row.iter_mut() {
+                *o = i64::from(*o as i32);
             }
         }
     }

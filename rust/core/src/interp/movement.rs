@@ -36,11 +36,55 @@ pub(crate) fn permute(x: &Value, perm: &[usize]) -> R<Value> {
     {
         return Err(format!("{perm:?} is not a permutation of {r} dims"));
     }
-    let in_strides = strides(&x.shape);
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let swaps_last_two = r >= 2
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
+    if swaps_last_two {
+        let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
+        let batch = x.shape[..r - 2].iter().product();
+        let data = match &x.data {
+            Data::F(v) => Data::F(transpose_last_two(v, batch, rows, cols)),
+            Data::I(v) => Data::I(transpose_last_two(v, batch, rows, cols)),
+        };
+        return Ok(Value {
+            dtype: x.dtype,
+            shape,
+            data,
+        });
+    }
+    let in_strides = strides(&x.shape);
     let perm_strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
     let idx = map_indices(&shape, |o| Ok::<_, String>(offset(o, &perm_strides)))?;
     Ok(picked(x, shape, &idx))
+}
+
+/// `[B.., R, C]` → `[B.., C, R]` a 32×32 tile at a time: a transposed weight is the
+/// commonest permute, and copying it element by element through an index list walks one
+/// side across a new cache line every element (seconds per verification of a 1B model).
+fn transpose_last_two<T: Copy + Default>(
+    src: &[T],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<T> {
+    const TILE: usize = 32;
+    let plane = rows * cols;
+    let mut out = vec![T::default(); src.len()];
+    for b in 0..batch {
+        let (s, o) = (&src[b * plane..][..plane], &mut out[b * plane..][..plane]);
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..cols).step_by(TILE) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    for c in c0..(c0 + TILE).min(cols) {
+                        o[c * rows + r] = s[r * cols + c];
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn expand(x: &Value, shape: &[usize]) -> R<Value> {

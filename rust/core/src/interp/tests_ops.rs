@@ -274,6 +274,35 @@ fn attention_causal_masks_and_scale() {
 }
 
 #[test]
+fn batched_transposes_across_tile_edges() {
+    // Past the 32-wide tiles of the last-two-axes fast path, in both value kinds.
+    let (b, r, c) = (2, 33, 70);
+    let y = range(&[b, r, c]);
+    let t = apply_ok(
+        Op::Permute {
+            perm: vec![0, 2, 1],
+        },
+        std::slice::from_ref(&y),
+    );
+    assert_eq!(t.shape, [b, c, r]);
+    let mut want = Vec::new();
+    for bi in 0..b {
+        for ci in 0..c {
+            for ri in 0..r {
+                want.push(((bi * r + ri) * c + ci) as f64);
+            }
+        }
+    }
+    assert_f(&t, &want);
+    let ints = iv(I64, &[r, c], &(0..(r * c) as i64).collect::<Vec<_>>());
+    let ti = apply_ok(Op::Permute { perm: vec![1, 0] }, &[ints]);
+    let want: Vec<i64> = (0..c)
+        .flat_map(|ci| (0..r).map(move |ri| (ri * c + ci) as i64))
+        .collect();
+    assert_eq!(ti.to_i64_vec(), want);
+}
+
+#[test]
 fn reshape_permute_expand() {
     let x = range(&[2, 3]);
     let r = apply_ok(
