@@ -51,6 +51,12 @@ pub fn run_bound(
     inputs: &[Value],
 ) -> Result<Vec<Value>> {
     verify(graph)?;
+    // `execute` trusts weights (they are checked where they are bound); these were built
+    // by the caller.
+    for (name, v) in weights {
+        v.check()
+            .map_err(|m| Error::Input(format!("weight '{name}': {m}")))?;
+    }
     execute(graph, weights, inputs)
 }
 
@@ -108,7 +114,15 @@ fn execute(
             }
             eval_node(node, &args, &resolved, id, weights, inputs).map_err(fail)?
         };
-        out.check().map_err(fail)?;
+        // Inputs were checked on entry and weights as they were bound; a view re-indexes
+        // its input, whose elements were checked as they were made.
+        let checked_already = matches!(node.op, Op::Input { .. } | Op::Weight { .. })
+            || node.op.semantics().is_view();
+        if checked_already {
+            out.check_layout().map_err(fail)?;
+        } else {
+            out.check().map_err(fail)?;
+        }
         let want = &resolved.shapes[id];
         if out.dtype != node.ty.dtype || &out.shape != want {
             return Err(fail(format!(
