@@ -73,10 +73,6 @@ class Fn(torch.nn.Module):
         return self.fn(*args)
 
 
-def _to_cuda(args: Sequence[Any]) -> list[Any]:
-    return [a.to("cuda") if isinstance(a, torch.Tensor) else a for a in args]
-
-
 def _moved(value: Any, device: str) -> Any:
     """`value` on `device`: a tensor, a module (a copy: other tests may share it), or a tuple
     or list of them; anything else as it is."""
@@ -157,16 +153,17 @@ def check(
         # (exp, tanh, reduction order) differs from the CPU's in the last bits.
         model = _on_device(model, "cuda")
         on_device = _cuda_reference
-        inputs = _to_cuda(inputs)
-        new_inputs = _to_cuda(new_inputs) if new_inputs is not None else None
+        inputs = _moved(list(inputs), "cuda")
+        new_inputs = _moved(list(new_inputs), "cuda") if new_inputs is not None else None
         options = {"device": "cuda", "fallback": "error"}
         rtol, atol = max(rtol, 1e-4), max(atol, 1e-4)
     before = programs_compiled()
     compiled = torch.compile(model, backend="ember", options=options)
     for args in [inputs] + ([new_inputs] if new_inputs is not None else []):
         pristine = _clone(args)
-        with torch.no_grad(), on_device():
-            expected = model(*_clone(args))
+        with torch.no_grad():
+            with on_device():  # the reference only: Dynamo traces without the device mode
+                expected = model(*_clone(args))
             got = compiled(*args)
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
         for a, p in zip(args, pristine, strict=True):

@@ -173,6 +173,9 @@ pub struct CudaDevice {
     algos: Mutex<std::collections::HashMap<AlgoKey, ltsys::cublasLtMatmulAlgo_t>>,
 }
 
+/// Product shapes whose cuBLASLt algorithm a program remembers.
+const MAX_ALGOS: usize = 4096;
+
 /// What cuBLASLt's algorithm choice depends on: the descriptors and the preferences (the
 /// operands' alignments), not the addresses themselves.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -488,6 +491,10 @@ impl CudaDevice {
                 }
                 .map_err(|e| driver_err(&format!("matmul ({m}×{k} · {k}×{n}, {})", c.dtype), e))?;
                 let mut algos = self.algos.lock().unwrap_or_else(|e| e.into_inner());
+                if algos.len() >= MAX_ALGOS {
+                    // Many sizes (a server's prompt lengths): start over rather than grow.
+                    algos.clear();
+                }
                 algos.insert(key, heuristic.algo);
                 heuristic.algo
             }
