@@ -144,13 +144,17 @@ class _DynamoGraph:
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
         spec = None
         if self.dynamic is None:
-            spec = dynamo_dynamic_shapes(self.graph.gm, self._kept(args))
-        if spec is not None:
-            try:
-                self.dynamic = self._build(args, spec)
-                return self.dynamic
-            except Exception as e:  # noqa: BLE001 - any failure: specialize instead
-                _log.debug("ember: symbolic compile failed (%s); specializing shapes", e)
+            # Dims Dynamo gave one symbol tied together first; each on its own if export
+            # rejects that (see `dynamo_dynamic_shapes`).
+            for tied in (True, False):
+                spec = dynamo_dynamic_shapes(self.graph.gm, self._kept(args), tied=tied)
+                if spec is None:
+                    break
+                try:
+                    self.dynamic = self._build(args, spec)
+                    return self.dynamic
+                except Exception as e:  # noqa: BLE001 - any failure: specialize instead
+                    _log.debug("ember: symbolic compile (tied=%s) failed (%s)", tied, e)
         try:
             return self._build(args, None)
         except UnsupportedOpError as e:

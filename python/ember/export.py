@@ -103,24 +103,69 @@ def export_program(
         return ep.run_decompositions(_decomposition_table())
 
 
-def dynamo_dynamic_shapes(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[Any, ...] | None:
+def dynamo_dynamic_shapes(
+    gm: torch.fx.GraphModule, args: Sequence[Any], tied: bool = True
+) -> tuple[Any, ...] | None:
     """``dynamic_shapes`` for exporting a Dynamo graph: the dims Dynamo made symbolic (after
     a size changed, or by ``mark_dynamic`` / ``dynamic=True``) stay symbolic, so one compiled
-    program serves every size. ``None`` when the graph is fully static."""
+    program serves every size. ``None`` when the graph is fully static.
+
+    ``tied``: dims Dynamo gave one symbol (a decode step's key and value caches, both ``s0``
+    long) are one export ``Dim``, within the range Dynamo's guards leave it. Export then
+    keeps them one symbol (each its own ``Dim.AUTO`` lets export specialize one of them when
+    it cannot prove them equal: a recompile for every cache length) and knows the range
+    (so a rotary table sliced at the cache length is one row long, not a clamp).
+    Untied: each dim is its own ``Dim.AUTO``, for graphs whose export rejects the ties."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(args):
         return None
+    shared: dict[str, Any] = {}
+
+    def dim_of(size: Any) -> Any:
+        expr = getattr(getattr(size, "node", None), "expr", None)
+        if not tied or expr is None or not getattr(expr, "is_Symbol", False):
+            return Dim.AUTO
+        name = str(expr)
+        if name not in shared:
+            ranges = getattr(size.node.shape_env, "var_to_range", {}).get(expr)
+            lo = _finite(getattr(ranges, "lower", None))
+            hi = _finite(getattr(ranges, "upper", None))
+            if lo is not None and hi is not None and hi <= lo:
+                return Dim.AUTO
+            shared[name] = Dim(f"dyn_{name}", min=lo, max=hi)
+        return shared[name]
+
     spec: list[Any] = []
     for node, arg in zip(placeholders, args, strict=True):
         example = node.meta.get("example_value")
         if isinstance(arg, torch.Tensor) and isinstance(example, torch.Tensor):
-            dims = {i: Dim.AUTO for i, s in enumerate(example.shape) if not isinstance(s, int)}
+            dims = {i: dim_of(s) for i, s in enumerate(example.shape) if _symbolic(s)}
             spec.append(dims or None)
         elif isinstance(example, torch.SymInt):
             spec.append(Dim.AUTO)
         else:
             spec.append(None)
     return tuple(spec) if any(s is not None for s in spec) else None
+
+
+def _symbolic(size: Any) -> bool:
+    """Whether a size of a Dynamo example is symbolic (a ``SymInt`` whose guards have
+    not pinned it to a number)."""
+    if isinstance(size, int):
+        return False
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    return not getattr(expr, "is_number", False)
+
+
+def _finite(bound: Any) -> int | None:
+    """A value range's bound as an int; ``None`` for an infinite one (torch's ``int_oo``)."""
+    if bound is None:
+        return None
+    try:
+        value = int(bound)
+    except Exception:  # noqa: BLE001 - sympy infinities refuse int() in several ways
+        return None
+    return value if abs(value) < (1 << 62) else None
 
 
 def save_bytes(ep: ExportedProgram) -> bytes:

@@ -179,6 +179,43 @@ def test_a_decode_step_takes_the_launches_it_should(choice):
     assert cuda.generated_source(program, choice)["steps"] == DECODE_STEPS[choice]
 
 
+def test_a_decode_step_with_a_dynamic_cache_length_takes_the_same_launches():
+    """With the cache length symbolic (``torch.compile(dynamic=True)``), the query's length
+    is ``min(pos + 1, n) - min(pos, n)`` (the rotary table sliced at the position), not 1:
+    the step must still take split attention, not the prefill kernel's one block per head
+    looping over every key (16× slower at 1024 keys on an H200)."""
+    (model, args) = {n: (m, a) for n, m, a in _models()}["decode"]
+    length = torch.export.Dim("length", min=2, max=SMALL.max_seq - 2)
+    dynamic = (None, tuple({2: length} for _ in args[1:]))
+    ep = export_program(model, args, dynamic_shapes=dynamic)
+    program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
+    gen = cuda.generated_source(program)
+    assert gen["steps"] == DECODE_STEPS[None]
+    # The split kernel's partial results, one kernel per layer writing them.
+    assert gen["source"].count("float* __restrict__ part)") == SMALL.layers
+
+
+def test_a_decode_loop_through_dynamo_is_one_program_with_the_decode_launches():
+    """``torch.compile(dynamic=True)`` of a decode step (what `bench.gpu_llama` runs): the
+    key and value caches share Dynamo's length symbol, so one program serves every length
+    (none specialized per length), and its query is one row (split attention)."""
+    from ember.backend import live_programs
+
+    torch.manual_seed(0)
+    step = LlamaDecodeStep(Llama(SMALL)).eval()
+    options = {"backend": "cuda-emu", "search_iterations": 0, "fallback": "error"}
+    compiled = torch.compile(step, backend="ember", dynamic=True, options=options)
+    before = live_programs()
+    with torch.no_grad():
+        # Lengths no other dim of the model has (Dynamo would give them one symbol).
+        for length in (5, 11, 13):
+            args = [torch.randint(0, SMALL.vocab, (1, 1)), *llama_cache(SMALL, 1, length)]
+            torch.testing.assert_close(compiled(*args), step(*args), rtol=1e-4, atol=1e-4)
+    new = [p for p in live_programs() if all(p is not q for q in before)]
+    assert len(new) == 1, f"{len(new)} programs for three cache lengths"
+    assert cuda.generated_source(new[0]._program)["steps"] == DECODE_STEPS[None]
+
+
 @pytest.mark.nvrtc
 def test_nvrtc_reports_compile_errors_clearly():
     if cuda.nvrtc_version() is None:

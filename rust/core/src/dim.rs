@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -29,6 +30,9 @@ pub enum DimOp {
 
 /// Values of symbols, as bound from the shapes of actual inputs.
 pub type SymbolBindings = BTreeMap<Arc<str>, i64>;
+
+/// Known ranges of symbols, by name.
+pub type SymbolRanges = BTreeMap<Arc<str>, SymbolRange>;
 
 /// The known range of a symbol (inclusive); sizes are never negative.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -112,6 +116,13 @@ impl Dim {
                 return Dim::Const(0)
             }
             (DimOp::Sub, x, y) if x == y => return Dim::Const(0),
+            // `(y + k) - y`: a slice `[p : p + k]` once its clamps are gone.
+            (DimOp::Sub, Dim::Expr(e), y) if matches!(&**e, (DimOp::Add, x, Dim::Const(_)) if x == y) => {
+                return e.2.clone()
+            }
+            (DimOp::Sub, Dim::Expr(e), y) if matches!(&**e, (DimOp::Add, Dim::Const(_), x) if x == y) => {
+                return e.1.clone()
+            }
             (DimOp::Min, x, y) | (DimOp::Max, x, y) if x == y => return a,
             // Sizes are never negative: a slice's clamp `max(s, 0)` is `s`.
             (DimOp::Max, x, Dim::Const(0)) if x.non_negative() => return a,
@@ -210,6 +221,225 @@ impl Dim {
             (Dim::Const(a), Dim::Const(b)) => Some(a == b),
             _ if self == other => Some(true),
             _ => None,
+        }
+    }
+}
+
+/// Inclusive bounds of a dim's value over every value of its symbols (each a size, ≥ 0);
+/// `None` is unbounded on that side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub lo: Option<i64>,
+    pub hi: Option<i64>,
+}
+
+impl Dim {
+    /// Bounds of the dim by interval arithmetic, plus the one relation that matters for
+    /// shapes: `f(t + k) - f(t)` for `f` built of clamps (`min`/`max` with a fixed operand)
+    /// lies between 0 and `k`. That is the length of a slice `x[p : p + k]` of a table of
+    /// fixed length (a rotary table indexed by the cache length: a decode step's one
+    /// query row), which plain intervals cannot bound.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds_in(&SymbolRanges::new())
+    }
+
+    /// `bounds` with each symbol within its known range.
+    pub fn bounds_in(&self, ranges: &SymbolRanges) -> Bounds {
+        let exact = |v: i64| Bounds {
+            lo: Some(v),
+            hi: Some(v),
+        };
+        let both = |f: fn(i64, i64) -> Option<i64>, a: Option<i64>, b: Option<i64>| {
+            a.zip(b).and_then(|(a, b)| f(a, b))
+        };
+        match self {
+            Dim::Const(v) => exact(*v),
+            Dim::Sym(name) => match ranges.get(name) {
+                Some(r) => Bounds {
+                    lo: Some(r.min.max(0)),
+                    hi: r.max,
+                },
+                None => Bounds {
+                    lo: Some(0),
+                    hi: None,
+                },
+            },
+            Dim::Expr(e) => {
+                let (op, a, b) = &**e;
+                if *op == DimOp::Sub {
+                    if let Some(k) = shift(a, b) {
+                        return Bounds {
+                            lo: Some(k.min(0)),
+                            hi: Some(k.max(0)),
+                        };
+                    }
+                }
+                let (x, y) = (a.bounds_in(ranges), b.bounds_in(ranges));
+                match op {
+                    DimOp::Add => Bounds {
+                        lo: both(i64::checked_add, x.lo, y.lo),
+                        hi: both(i64::checked_add, x.hi, y.hi),
+                    },
+                    DimOp::Sub => Bounds {
+                        lo: both(i64::checked_sub, x.lo, y.hi),
+                        hi: both(i64::checked_sub, x.hi, y.lo),
+                    },
+                    DimOp::Mul if x.lo >= Some(0) && y.lo >= Some(0) => Bounds {
+                        lo: both(i64::checked_mul, x.lo, y.lo),
+                        hi: both(i64::checked_mul, x.hi, y.hi),
+                    },
+                    DimOp::FloorDiv if y.lo == y.hi && y.lo > Some(0) => {
+                        let d = y.lo.unwrap_or(1);
+                        Bounds {
+                            lo: x.lo.map(|v| floor_div(v, d)),
+                            hi: x.hi.map(|v| floor_div(v, d)),
+                        }
+                    }
+                    DimOp::Mod if y.lo == y.hi && y.lo > Some(0) => Bounds {
+                        lo: Some(0),
+                        hi: y.hi.map(|d| d - 1),
+                    },
+                    DimOp::Min => Bounds {
+                        lo: both(|a, b| Some(a.min(b)), x.lo, y.lo),
+                        hi: match (x.hi, y.hi) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        },
+                    },
+                    DimOp::Max => Bounds {
+                        lo: match (x.lo, y.lo) {
+                            (Some(a), Some(b)) => Some(a.max(b)),
+                            (a, b) => a.or(b),
+                        },
+                        hi: both(|a, b| Some(a.max(b)), x.hi, y.hi),
+                    },
+                    _ => Bounds { lo: None, hi: None },
+                }
+            }
+        }
+    }
+
+    /// The largest value the dim can take, where it is bounded.
+    pub fn upper_bound(&self) -> Option<i64> {
+        self.bounds().hi
+    }
+
+    /// The dim with the clamps its symbols' ranges make moot removed (`min(s + 1, 4096)`
+    /// is `s + 1` where `s ≤ 4095`), and what that enables folded (`(s + 1) - s` is 1).
+    /// Sound because a program checks every symbol against its range when it is called.
+    pub fn simplified(&self, ranges: &SymbolRanges) -> Dim {
+        let Dim::Expr(e) = self else {
+            return self.clone();
+        };
+        let (op, a, b) = &**e;
+        let (a, b) = (a.simplified(ranges), b.simplified(ranges));
+        let (x, y) = (a.bounds_in(ranges), b.bounds_in(ranges));
+        let le = |p: Bounds, q: Bounds| matches!((p.hi, q.lo), (Some(h), Some(l)) if h <= l);
+        match op {
+            DimOp::Min if le(x, y) => a,
+            DimOp::Min if le(y, x) => b,
+            DimOp::Max if le(y, x) => a,
+            DimOp::Max if le(x, y) => b,
+            _ => Dim::binary(*op, a, b),
+        }
+    }
+}
+
+/// `Some(k)` where `a` is `b` with one of its terms `t` replaced by `t + k` under clamps
+/// only (`min`/`max` against the same other operand, sums with the same other term): such
+/// maps are monotone and move by at most their argument's change, so `a - b` lies
+/// between 0 and `k`.
+fn shift(a: &Dim, b: &Dim) -> Option<i64> {
+    if a == b {
+        return Some(0);
+    }
+    if let Dim::Expr(e) = a {
+        match &**e {
+            (DimOp::Add, x, Dim::Const(k)) | (DimOp::Add, Dim::Const(k), x) if x == b => {
+                return Some(*k)
+            }
+            _ => {}
+        }
+    }
+    let (Dim::Expr(ea), Dim::Expr(eb)) = (a, b) else {
+        return None;
+    };
+    let ((opa, a1, a2), (opb, b1, b2)) = (&**ea, &**eb);
+    if opa != opb || !matches!(opa, DimOp::Min | DimOp::Max | DimOp::Add) {
+        return None;
+    }
+    if a2 == b2 {
+        shift(a1, b1)
+    } else if a1 == b1 {
+        shift(a2, b2)
+    } else {
+        None
+    }
+}
+
+/// The dims of a reshape from `from` to `to` cut into runs that correspond: consecutive
+/// `(from range, to range)` pairs whose element counts are provably equal, as small as
+/// the shapes allow (a dim present in both stays alone). An element's index within one
+/// run of `to` then maps to its index within the same run of `from`, so a view's index
+/// is rewritten run by run instead of through the whole linear offset, and the runs of
+/// dims that pass through untouched (a cache's length) cost no division at all. Where
+/// symbolic dims differ, what lies between the matched prefix and suffix is one run.
+pub fn reshape_runs(from: &[Dim], to: &[Dim]) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut head = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    // Matched runs from the front, then from the back; what is left between is one run.
+    while let Some((di, dj)) = next_run(&from[i..], &to[j..], false) {
+        head.push((i..i + di, j..j + dj));
+        i += di;
+        j += dj;
+    }
+    let mut tail = Vec::new();
+    let (mut ie, mut je) = (from.len(), to.len());
+    while let Some((di, dj)) = next_run(&from[i..ie], &to[j..je], true) {
+        tail.push((ie - di..ie, je - dj..je));
+        ie -= di;
+        je -= dj;
+    }
+    if i < ie || j < je {
+        head.push((i..ie, j..je));
+    }
+    head.extend(tail.into_iter().rev());
+    head
+}
+
+/// The length (in `from`, in `to`) of the shortest leading (or, `back`, trailing) run of
+/// the two shapes with provably equal element counts; `None` when both are empty or no
+/// such run is provable.
+fn next_run(from: &[Dim], to: &[Dim], back: bool) -> Option<(usize, usize)> {
+    if from.is_empty() && to.is_empty() {
+        return None;
+    }
+    let at = |s: &[Dim], k: usize| -> Dim {
+        if back {
+            s[s.len() - 1 - k].clone()
+        } else {
+            s[k].clone()
+        }
+    };
+    if !from.is_empty() && !to.is_empty() && at(from, 0) == at(to, 0) {
+        return Some((1, 1));
+    }
+    // Constant dims multiply up on either side until the counts meet.
+    let (mut pf, mut pt, mut di, mut dj) = (1i64, 1i64, 0, 0);
+    loop {
+        if pf == pt && (di > 0 || dj > 0) {
+            return Some((di, dj));
+        }
+        // Equal counts only before the first dim: start with `from`'s when it has one.
+        let take_from = if pf == pt { di < from.len() } else { pf < pt };
+        if take_from {
+            let d = (di < from.len()).then(|| at(from, di))?;
+            pf = pf.checked_mul(d.as_const().filter(|&v| v > 0)?)?;
+            di += 1;
+        } else {
+            let d = (dj < to.len()).then(|| at(to, dj))?;
+            pt = pt.checked_mul(d.as_const().filter(|&v| v > 0)?)?;
+            dj += 1;
         }
     }
 }
@@ -350,5 +580,111 @@ mod tests {
         let minus = Dim::binary(DimOp::Sub, s.clone(), Dim::Const(1));
         let clamped = Dim::binary(DimOp::Max, minus.clone(), Dim::Const(0));
         assert_ne!(clamped, minus, "s - 1 may be negative: the clamp stays");
+    }
+
+    #[test]
+    fn a_slice_of_one_row_at_a_dynamic_position_is_at_most_one_long() {
+        // `cos[pos : pos + 1]` of a 4096-row table, `pos` the cache length.
+        let pos = Dim::sym("s0");
+        let c = Dim::Const;
+        let end = Dim::binary(DimOp::Min, &pos + &c(1), c(4096));
+        let start = Dim::binary(DimOp::Min, pos.clone(), c(4096));
+        let len = Dim::binary(DimOp::Sub, end, start);
+        assert_eq!(
+            len.bounds(),
+            Bounds {
+                lo: Some(0),
+                hi: Some(1)
+            }
+        );
+        // Every value really lies in the bounds, the clamp's edge included.
+        let mut env = SymbolBindings::new();
+        for v in [0, 1, 4094, 4095, 4096, 9000] {
+            env.insert(Arc::from("s0"), v);
+            assert!((0..=1).contains(&len.eval(&env).unwrap()));
+        }
+        // Plain intervals: a sum of sizes is unbounded above, a clamp is not.
+        assert_eq!((&pos + &c(3)).upper_bound(), None);
+        assert_eq!(
+            Dim::binary(DimOp::Min, pos.clone(), c(7)).upper_bound(),
+            Some(7)
+        );
+        assert_eq!(
+            Dim::binary(DimOp::Mod, pos.clone(), c(8)).bounds().hi,
+            Some(7)
+        );
+        let diff = Dim::binary(DimOp::Sub, pos.clone(), Dim::sym("s1"));
+        assert_eq!(diff.bounds(), Bounds { lo: None, hi: None });
+    }
+
+    #[test]
+    fn reshape_runs_keep_shared_dims_apart() {
+        let c = Dim::Const;
+        let s = Dim::sym("S");
+        // Grouped-query attention's keys: [1, 8, 4, S, 64] viewed as [1, 32, S, 64].
+        let from = [c(1), c(8), c(4), s.clone(), c(64)];
+        let to = [c(1), c(32), s.clone(), c(64)];
+        assert_eq!(
+            reshape_runs(&from, &to),
+            vec![(0..1, 0..1), (1..3, 1..2), (3..4, 2..3), (4..5, 3..4)]
+        );
+        // Splitting heads off the model dim: [B, S, 2048] → [B, S, 32, 64].
+        let b = Dim::sym("B");
+        assert_eq!(
+            reshape_runs(
+                &[b.clone(), s.clone(), c(2048)],
+                &[b.clone(), s.clone(), c(32), c(64)]
+            ),
+            vec![(0..1, 0..1), (1..2, 1..2), (2..3, 2..4)]
+        );
+        // Unit dims come and go on their own.
+        assert_eq!(
+            reshape_runs(&[c(1), c(6)], &[c(6), c(1)]),
+            vec![(0..1, 0..0), (1..2, 0..1), (2..2, 1..2)]
+        );
+        // Differing symbolic dims: the part between the matched ends is one run.
+        let flat = Dim::binary(DimOp::Mul, s.clone(), c(64));
+        assert_eq!(
+            reshape_runs(&[c(2), s.clone(), c(64), c(3)], &[c(2), flat, c(3)]),
+            vec![(0..1, 0..1), (1..3, 1..2), (3..4, 2..3)]
+        );
+        assert!(reshape_runs(&[], &[]).is_empty());
+        assert_eq!(reshape_runs(&[c(1)], &[]), vec![(0..1, 0..0)]);
+    }
+
+    #[test]
+    fn clamps_the_ranges_make_moot_vanish() {
+        let pos = Dim::sym("s0");
+        let c = Dim::Const;
+        let end = Dim::binary(DimOp::Min, &pos + &c(1), c(4096));
+        let start = Dim::binary(DimOp::Min, pos.clone(), c(4096));
+        let len = Dim::binary(DimOp::Sub, end.clone(), start.clone());
+        let mut ranges = SymbolRanges::new();
+        assert_eq!(
+            len.simplified(&ranges),
+            len,
+            "unbounded: the clamps may bite"
+        );
+        ranges.insert(
+            Arc::from("s0"),
+            SymbolRange {
+                min: 2,
+                max: Some(4095),
+            },
+        );
+        assert_eq!(end.simplified(&ranges), &pos + &c(1));
+        assert_eq!(start.simplified(&ranges), pos);
+        assert_eq!(len.simplified(&ranges), c(1));
+        let up = Dim::binary(DimOp::Max, pos.clone(), c(1));
+        assert_eq!(up.simplified(&ranges), pos);
+        // A clamp that can still bite stays.
+        ranges.insert(
+            Arc::from("s0"),
+            SymbolRange {
+                min: 2,
+                max: Some(4096),
+            },
+        );
+        assert_eq!(len.simplified(&ranges).as_const(), None);
     }
 }

@@ -320,6 +320,8 @@ impl<'a> Extractor<'a> {
             )?);
         }
         g.outputs = outputs;
+        // Types re-inferred from the ops bring back clamps the frontend simplified away.
+        g.simplify_dims();
         crate::ir::verify(&g)?;
         for (k, (&o, &want)) in g.outputs.iter().zip(&original.outputs).enumerate() {
             let (a, b) = (g.ty(o), original.ty(want));

@@ -88,6 +88,37 @@ impl Graph {
         self.nodes.len() - 1
     }
 
+    /// Rewrites every dim (node shapes, reshape and expand targets, slice bounds) with
+    /// the clamps the symbols' ranges make moot removed (`Dim::simplified`): a slice at a
+    /// position below the table's end has its plain length (a decode step's one query
+    /// row is 1, not `min(p + 1, n) - min(p, n)`), and dims that are equal look equal.
+    pub fn simplify_dims(&mut self) {
+        if self.symbols.is_empty() {
+            return;
+        }
+        let ranges = self.symbols.clone();
+        let simplify = |shape: &mut Vec<Dim>| {
+            for d in shape.iter_mut() {
+                *d = d.simplified(&ranges);
+            }
+        };
+        for n in &mut self.nodes {
+            simplify(&mut n.ty.shape);
+            let mut op = &mut n.op;
+            while let Op::Kernel { base, .. } = op {
+                op = &mut **base;
+            }
+            match op {
+                Op::Reshape { shape } | Op::Expand { shape } => simplify(shape),
+                Op::Slice { start, end, .. } => {
+                    *start = start.simplified(&ranges);
+                    *end = end.simplified(&ranges);
+                }
+                _ => {}
+            }
+        }
+    }
+
     pub fn ty(&self, v: ValueId) -> &TensorType {
         &self.nodes[v].ty
     }

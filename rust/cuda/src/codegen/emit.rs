@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use ember_core::dim::{Dim, DimOp};
+use ember_core::dim::{reshape_runs, Dim, DimOp};
 use ember_core::dtype::{DType, Kind, Scalar};
 use ember_core::ir::{BinaryOp, Graph, Op, UnaryOp};
 
@@ -334,11 +334,24 @@ impl<'a> Emitter<'a> {
                 Ok(self.define(node, cast_expr(from, *to, &x)))
             }
             Op::Reshape { .. } => {
-                let lin = self.fresh("l");
-                let off = self.offset(idx, &n.ty.shape);
-                self.line(format!("const i64 {lin} = {off};"));
+                // Run by run (`reshape_runs`): a dim both shapes share passes its index
+                // through, so only the dims that really regroup pay for a division.
                 let src_shape = in_shape(0).clone();
-                let inner = self.unravel(&lin, &src_shape);
+                let mut inner = Vec::with_capacity(src_shape.len());
+                for (from, to) in reshape_runs(&src_shape, &n.ty.shape) {
+                    if from.is_empty() {
+                        continue; // `to`'s unit dims
+                    } else if from.len() == 1 && to.len() == 1 {
+                        inner.push(idx[to.start].clone());
+                    } else if to.is_empty() {
+                        inner.extend(from.map(|_| "0LL".to_string()));
+                    } else {
+                        let lin = self.fresh("l");
+                        let off = self.offset(&idx[to.clone()], &n.ty.shape[to]);
+                        self.line(format!("const i64 {lin} = {off};"));
+                        inner.extend(self.unravel(&lin, &src_shape[from]));
+                    }
+                }
                 self.value(input(0), &inner)
             }
             Op::Permute { perm } => {

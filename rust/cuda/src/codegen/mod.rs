@@ -252,11 +252,18 @@ fn reads_few_times(g: &Graph, consumer: usize, input: usize) -> bool {
     let only_query = matches!(base_op(&c.op), Op::Attention { .. })
         && c.inputs[0] == input
         && !c.inputs[1..].contains(&input);
-    let decode = q.len() >= 2 && q[q.len() - 2].as_const() == Some(1);
+    let decode = one_query_row(q);
     // The tensor-core kernel reads each query element once, into its registers.
     let mma = matches!(&c.op, Op::Kernel { name, .. } if name == KERNEL_MMA_ATTENTION)
         && mma_attention_applies(g, consumer);
     only_query && (decode || mma)
+}
+
+/// Whether an attention query of this shape has at most one row per head (a decode step),
+/// also where that length is symbolic: a rotary table sliced at the cache length
+/// (`cos[pos : pos + 1]`) gives `min(pos + 1, n) - min(pos, n)`, which is at most 1.
+pub(crate) fn one_query_row(q: &[Dim]) -> bool {
+    q.len() >= 2 && q[q.len() - 2].upper_bound().is_some_and(|hi| hi <= 1)
 }
 
 fn dtype_supported(d: DType) -> bool {
@@ -947,7 +954,8 @@ pub(crate) fn stored_in_order(
 
 /// Views whose elements, in row-major order, are their input's in row-major order: a
 /// reshape, and a permute that moves only axes of size 1 (a decode step's attention
-/// output `[1, H, 1, E]` → `[1, 1, H, E]`).
+/// output `[1, H, 1, E]` → `[1, 1, H, E]`), or at most 1 where the size is symbolic (at
+/// 0 there are no elements to order).
 fn keeps_order(g: &Graph, x: usize) -> bool {
     match &g.nodes[x].op {
         Op::Reshape { .. } => true,
@@ -956,7 +964,7 @@ fn keeps_order(g: &Graph, x: usize) -> bool {
             let moved: Vec<usize> = perm
                 .iter()
                 .copied()
-                .filter(|&p| src[p].as_const() != Some(1))
+                .filter(|&p| src[p].upper_bound().is_none_or(|hi| hi > 1))
                 .collect();
             moved.windows(2).all(|w| w[0] < w[1])
         }

@@ -543,7 +543,8 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     }
     // Attention and RMS norm as exporters spell them run as fused ops; initializers are
     // the file's, fixed once loaded.
-    let graph = crate::frontend::composites::recover(&ctx.b.g, &ctx.weights)?;
+    let mut graph = crate::frontend::composites::recover(&ctx.b.g, &ctx.weights)?;
+    graph.simplify_dims();
     verify(&graph)?;
     check_symbols_bound(&graph)?;
     check_sizes(&graph)?;

@@ -319,7 +319,8 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
     }
     // Attention and RMS norm written out in aten ops run as fused ops. No weight counts as
     // fixed: parameters and buffers can be updated in place and rebound after compiling.
-    let graph = crate::frontend::composites::recover(&ctx.b.g, &Weights::new())?;
+    let mut graph = crate::frontend::composites::recover(&ctx.b.g, &Weights::new())?;
+    graph.simplify_dims();
     verify(&graph)?;
     check_symbols_bound(&graph)?;
     Ok(Pt2Program {

@@ -47,7 +47,7 @@ pub fn mma_attention_applies(g: &Graph, id: usize) -> bool {
         d.as_const()
             .is_some_and(|d| d > 0 && d % m == 0 && d <= MAX_HEAD_DIM)
     };
-    r >= 2 && fits(&q[r - 1], 16) && fits(&v[r - 1], 8) && q[r - 2].as_const() != Some(1)
+    r >= 2 && fits(&q[r - 1], 16) && fits(&v[r - 1], 8) && !super::super::one_query_row(q)
 }
 
 impl Generator<'_> {

@@ -28,8 +28,7 @@ impl Generator<'_> {
         let g = self.g;
         let qs = &g.nodes[g.nodes[id].inputs[0]].ty.shape;
         if !matches!(super::super::base_op(&g.nodes[id].op), Op::Attention { .. })
-            || qs.len() < 2
-            || qs[qs.len() - 2].as_const() != Some(1)
+            || !super::super::one_query_row(qs)
         {
             return Ok(None);
         }
