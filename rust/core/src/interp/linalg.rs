@@ -19,11 +19,28 @@ fn batch_count(b: &[usize]) -> R<usize> {
 
 /// `[B.., M, K] × [B.., K, N] → [B.., M, N]`, accumulating in f64 (floats) or wrapping i64.
 pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
+    product(a, b, false)
+}
+
+/// `dot(a, bᵀ)` for `bt: [B.., N, K]`, `b` with its last two axes swapped: a linear layer's
+/// product read from its weight as stored instead of from a transposed copy of it (which
+/// the interpreter would otherwise make on every run, for every weight). The same sums in
+/// the same order as `dot` of the transposed copy: bitwise the same results.
+pub(crate) fn dot_transposed(a: &Value, bt: &Value) -> R<Value> {
+    product(a, bt, true)
+}
+
+/// Every output sums its terms in `p` order from the empty sum, as `(0..k).map(..).sum()`
+/// would, whichever way `b` is stored and however the outputs are shared among threads:
+/// results never depend on the thread count.
+fn product(a: &Value, b: &Value, b_transposed: bool) -> R<Value> {
     let (ba, m, k) = mat(&a.shape)?;
-    let (bb, k2, n) = mat(&b.shape)?;
+    let (bb, kb, nb) = mat(&b.shape)?;
+    let (k2, n) = if b_transposed { (nb, kb) } else { (kb, nb) };
     if ba != bb || k != k2 || a.dtype != b.dtype {
+        let what = if b_transposed { "transposed " } else { "" };
         return Err(format!(
-            "cannot multiply {} {:?} by {} {:?}",
+            "cannot multiply {} {:?} by {what}{} {:?}",
             a.dtype, a.shape, b.dtype, b.shape
         ));
     }
@@ -33,44 +50,103 @@ pub(crate) fn dot(a: &Value, b: &Value) -> R<Value> {
     let total = checked_numel(&shape).ok_or("shape overflows")?;
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
-            // Each output sums its terms in `p` order from the empty sum, as
-            // `(0..k).map(..).sum()` would; looping `p` outside `j` reads `b` by rows
-            // (a column walk misses the cache on every term of a large weight).
             let zero: f64 = std::iter::empty::<f64>().sum();
-            let mut out = vec![zero; total];
-            for t in 0..batch {
-                let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
-                for i in 0..m {
-                    let row = &mut out[(t * m + i) * n..][..n];
-                    for p in 0..k {
-                        let xp = x[i * k + p];
-                        for (o, &yv) in row.iter_mut().zip(&y[p * n..][..n]) {
-                            *o += xp * yv;
-                        }
-                    }
-                }
-            }
-            Data::F(out)
+            Data::F(products(
+                x,
+                y,
+                (batch, m, k, n),
+                b_transposed,
+                zero,
+                total,
+                |s, x, y| *s += x * y,
+            ))
         }
-        (Data::I(x), Data::I(y)) => {
-            let mut out = vec![0i64; total];
-            for t in 0..batch {
-                let (x, y) = (&x[t * m * k..], &y[t * k * n..]);
-                for i in 0..m {
-                    let row = &mut out[(t * m + i) * n..][..n];
-                    for p in 0..k {
-                        let xp = x[i * k + p];
-                        for (o, &yv) in row.iter_mut().zip(&y[p * n..][..n]) {
-                            *o = o.wrapping_add(xp.wrapping_mul(yv));
-                        }
-                    }
-                }
-            }
-            Data::I(out)
-        }
+        (Data::I(x), Data::I(y)) => Data::I(products(
+            x,
+            y,
+            (batch, m, k, n),
+            b_transposed,
+            0i64,
+            total,
+            |s, x, y| *s = s.wrapping_add(x.wrapping_mul(y)),
+        )),
         _ => return Err("operands hold data of different kinds".into()),
     };
     Ok(Value::from_data(a.dtype, shape, data))
+}
+
+/// Output columns a thread takes at a time (of one output row).
+const COLUMNS_PER_TASK: usize = 64;
+/// Below this many terms in a row of outputs, threads cost more than they save.
+const PARALLEL_TERMS: usize = 1 << 15;
+/// Outputs whose independent sums one loop advances together (hiding the latency of
+/// each sum's chain of additions).
+const LANES: usize = 8;
+
+/// The products of `dot`: `out[t, i, j] = Σ_p x[t, i, p] · y[t, p, j]` (`y[t, j, p]` when
+/// `transposed`), each sum started at `zero` and taken in `p` order by `add`.
+fn products<T: Copy + Send + Sync>(
+    x: &[T],
+    y: &[T],
+    (batch, m, k, n): (usize, usize, usize, usize),
+    transposed: bool,
+    zero: T,
+    total: usize,
+    add: impl Fn(&mut T, T, T) + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut out = vec![zero; total];
+    if n == 0 {
+        return out;
+    }
+    // Columns `j0..j0 + cols.len()` of output row `i` of batch `t`.
+    let columns = |t: usize, i: usize, j0: usize, cols: &mut [T]| {
+        let xr = &x[(t * m + i) * k..][..k];
+        let yb = &y[t * k * n..][..k * n];
+        if transposed {
+            let mut chunks = cols.chunks_mut(LANES);
+            let mut j = j0;
+            for chunk in &mut chunks {
+                let rows: Vec<&[T]> = (0..chunk.len()).map(|l| &yb[(j + l) * k..][..k]).collect();
+                let mut sums = [zero; LANES];
+                for (p, &xp) in xr.iter().enumerate() {
+                    for (s, r) in sums.iter_mut().zip(&rows) {
+                        add(s, xp, r[p]);
+                    }
+                }
+                chunk.copy_from_slice(&sums[..chunk.len()]);
+                j += chunk.len();
+            }
+        } else {
+            // `p` outside `j`: `y` is read by rows (a column walk would miss the cache on
+            // every term of a large weight).
+            let width = cols.len();
+            for (p, &xp) in xr.iter().enumerate() {
+                for (o, &yv) in cols.iter_mut().zip(&yb[p * n + j0..][..width]) {
+                    add(o, xp, yv);
+                }
+            }
+        }
+    };
+    if n * k < PARALLEL_TERMS {
+        // Small rows: rows in parallel where there are many, else one thread.
+        if batch * m * n * k >= PARALLEL_TERMS {
+            out.par_chunks_mut(n)
+                .enumerate()
+                .for_each(|(r, row)| columns(r / m, r % m, 0, row));
+        } else {
+            for (r, row) in out.chunks_mut(n).enumerate() {
+                columns(r / m, r % m, 0, row);
+            }
+        }
+        return out;
+    }
+    for (r, row) in out.chunks_mut(n).enumerate() {
+        row.par_chunks_mut(COLUMNS_PER_TASK)
+            .enumerate()
+            .for_each(|(c, cols)| columns(r / m, r % m, c * COLUMNS_PER_TASK, cols));
+    }
+    out
 }
 
 /// `IntegerDot`: `[B.., M, K] × [B.., K, N] → [B.., M, N]` int32 of 8-bit integer operands,

@@ -90,11 +90,17 @@ fn execute(
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|v| v.shape.clone()).collect();
     let resolved = resolve(graph, &shapes)?;
 
+    // Transposes only products read (a linear layer's `x · wᵀ`) are never made: the
+    // product reads their input as stored.
+    let deferred = deferred_transposes(graph);
     // Free each value after its last use; outputs live to the end.
     let mut last_use: Vec<usize> = (0..graph.nodes.len()).collect();
     for (id, node) in graph.nodes.iter().enumerate() {
         for &i in &node.inputs {
             last_use[i] = id;
+            if let Some(src) = deferred[i] {
+                last_use[src] = id;
+            }
         }
     }
     for &o in &graph.outputs {
@@ -106,7 +112,19 @@ fn execute(
         let fail = |m: String| {
             Error::Runtime(format!("{} at node '{}': {m}", node.op.name(), node.origin))
         };
-        let out = {
+        if deferred[id].is_some() {
+            continue;
+        }
+        let transposed = node.inputs.get(1).and_then(|&b| deferred[b]);
+        let out = if let Some(src) = transposed {
+            let value = |i: usize| {
+                vals.get(i)
+                    .and_then(|v| v.as_deref())
+                    .ok_or_else(|| fail(format!("input %{i} has no value")))
+            };
+            let product = linalg::dot_transposed(value(node.inputs[0])?, value(src)?);
+            Cow::Owned(product.map_err(fail)?)
+        } else {
             let mut args = Vec::with_capacity(node.inputs.len());
             for &i in &node.inputs {
                 let v = vals.get(i).and_then(|v| v.as_deref());
@@ -131,7 +149,8 @@ fn execute(
             )));
         }
         vals[id] = Some(out);
-        for &i in node.inputs.iter().chain([&id]) {
+        let sources = node.inputs.iter().filter_map(|&i| deferred[i]);
+        for i in node.inputs.iter().copied().chain(sources).chain([id]) {
             if last_use[i] == id {
                 vals[i] = None;
             }
@@ -147,6 +166,46 @@ fn execute(
                 .ok_or_else(|| Error::Runtime(format!("output %{o} has no value")))
         })
         .collect()
+}
+
+/// For each node, the input it transposes where it is a swap of the last two axes that
+/// only products read, and only as their right operand (`Dot(x, Permute(w))`, a linear
+/// layer): `execute` skips it and those products read the input transposed in place.
+fn deferred_transposes(graph: &Graph) -> Vec<Option<usize>> {
+    let swaps_last_two = |perm: &[usize]| {
+        let r = perm.len();
+        r >= 2
+            && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+            && perm[r - 2] == r - 1
+            && perm[r - 1] == r - 2
+    };
+    let mut deferred: Vec<Option<usize>> = graph
+        .nodes
+        .iter()
+        .map(|n| match &n.op {
+            Op::Permute { perm } if swaps_last_two(perm) => Some(n.inputs[0]),
+            _ => None,
+        })
+        .collect();
+    for node in &graph.nodes {
+        let product = matches!(base_op(&node.op), Op::Dot);
+        for (k, &i) in node.inputs.iter().enumerate() {
+            if !(product && k == 1) {
+                deferred[i] = None;
+            }
+        }
+    }
+    for &o in &graph.outputs {
+        deferred[o] = None;
+    }
+    deferred
+}
+
+fn base_op(op: &Op) -> &Op {
+    match op {
+        Op::Kernel { base, .. } => base_op(base),
+        other => other,
+    }
 }
 
 fn one<'v>(args: &[&'v Value], n: usize) -> R<&'v Value> {

@@ -228,6 +228,66 @@ fn dot_with_batch_dims() {
     assert_f(&apply_ok(Op::Dot, &[a, b]), &[0.0; 6]);
 }
 
+/// `x · wᵀ` as a linear layer spells it, run with the transpose read in place (it feeds
+/// only the product) and made (it is also an output): the same bits, at sizes that take
+/// the one-thread, row-parallel and column-parallel paths with lane tails.
+#[test]
+fn products_of_transposes_read_in_place_match_the_made_transpose() {
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    for (batch, m, k, n, dtype) in [
+        (1, 3, 5, 7, F32),
+        (2, 9, 33, 70, BF16),
+        (1, 1, 300, 203, F32),
+        (1, 37, 64, 515, F64),
+    ] {
+        let (xs, ws) = (vec![batch, m, k], vec![batch, n, k]);
+        let x: Vec<f64> = (0..batch * m * k).map(|_| next()).collect();
+        let w: Vec<f64> = (0..batch * n * k).map(|_| next()).collect();
+        let args = [fv(dtype, &xs, &x), fv(dtype, &ws, &w)];
+        let run_with = |transpose_is_output: bool| {
+            let mut g = Graph::new();
+            let ids: Vec<usize> = args
+                .iter()
+                .enumerate()
+                .map(|(index, a)| {
+                    let ty = crate::ir::TensorType::new(a.dtype, dims(&a.shape));
+                    g.add_source(Op::Input { index }, ty, "in").unwrap()
+                })
+                .collect();
+            let wt = g
+                .add(
+                    Op::Permute {
+                        perm: vec![0, 2, 1],
+                    },
+                    &[ids[1]],
+                    "t",
+                )
+                .unwrap();
+            let y = g.add(Op::Dot, &[ids[0], wt], "dot").unwrap();
+            g.outputs.push(y);
+            if transpose_is_output {
+                g.outputs.push(wt);
+            }
+            run(&g, &Weights::new(), &args).unwrap().remove(0)
+        };
+        let (in_place, made) = (run_with(false), run_with(true));
+        assert_eq!(in_place.shape, [batch, m, n]);
+        let bits = |v: &Value| {
+            v.to_f64_vec()
+                .iter()
+                .map(|f| f.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&in_place), bits(&made), "{batch}×{m}×{k}×{n} {dtype}");
+    }
+}
+
 fn attention(scale: f64, causal: bool, args: &[Value]) -> Value {
     let op = Op::Attention {
         scale,
