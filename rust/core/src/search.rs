@@ -5,9 +5,12 @@
 //! real backend and timed on random inputs (warm-up, repeats, median), each against the
 //! best so far timed again at the same moment. A backend with a device clock (CUDA) times
 //! runs there, on device copies of the inputs and through the launch path production runs
-//! take (the recorded CUDA graph); the others by the host clock around `run`. A candidate is adopted only if its outputs match the
-//! reference interpreter running the *input* program on the same inputs. The fastest
-//! verified candidate wins; if none verifies, the input program itself runs.
+//! take (the recorded CUDA graph); the others by the host clock around `run`. A candidate
+//! is adopted only if its outputs match the reference interpreter running the *input*
+//! program on the same inputs. The fastest verified candidate wins; if none verifies, the
+//! input program itself runs. Where the reference run at the example sizes would take too
+//! long (a large model's prefill: `REFERENCE_TERMS`), a program with symbolic dims is
+//! verified at smaller values of them, the same program serving both sizes.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,13 +18,14 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Executable, Weights};
 use crate::cache::{Cache, Entry};
+use crate::dim::SymbolBindings;
 use crate::dtype::DType;
 use crate::egraph::{self, Budget, ClassId, SaturationReport};
 use crate::error::Result;
 use crate::extract::{Candidate, DefaultCost, Extractor, Genome};
 use crate::interp::ReferenceBackend;
 use crate::interp::Value;
-use crate::ir::Graph;
+use crate::ir::{Graph, Op};
 use crate::tensor::{contiguous_strides, TensorOut, TensorView};
 
 /// The fastest verified candidate so far: time, index, executable, program, genome.
@@ -34,6 +38,11 @@ const NOISE: f64 = 0.03;
 /// than most real differences, and an unconfirmed winner would be cached for good.
 const CONFIRM_ROUNDS: usize = 5;
 const CONFIRM_WINS: usize = 4;
+/// Multiply-adds (of products and attention) of the reference run above which candidates
+/// are verified at smaller symbolic sizes than they are timed at: the reference interpreter
+/// sums in f64 on the host, ~1.5e9 terms a second here, and a 1B model's 512-token prefill
+/// is 5.6e11 terms (minutes), while every size runs the same program.
+pub const REFERENCE_TERMS: f64 = 8e9;
 /// Each timing runs a program for at least this long (and at most `MAX_TIMED_RUNS` times).
 const MIN_TIMING: Duration = Duration::from_millis(25);
 const MAX_TIMED_RUNS: usize = 100;
@@ -54,6 +63,8 @@ pub struct SearchOptions {
     pub input_shapes: Option<Vec<Vec<usize>>>,
     pub saturation: Budget,
     pub cache_dir: Option<PathBuf>,
+    /// See `REFERENCE_TERMS`.
+    pub reference_terms: f64,
 }
 
 impl Default for SearchOptions {
@@ -66,6 +77,7 @@ impl Default for SearchOptions {
             input_shapes: None,
             saturation: Budget::default(),
             cache_dir: None,
+            reference_terms: REFERENCE_TERMS,
         }
     }
 }
@@ -90,7 +102,8 @@ pub struct SearchReport {
     /// Index of the adopted candidate (None: the input program runs unoptimized).
     pub chosen: Option<usize>,
     pub cache_hit: bool,
-    /// Why the optimizer did less than a full search, if it did.
+    /// Why the optimizer did less than a full search, if it did (verifying candidates at
+    /// smaller sizes than it timed them at included).
     pub note: String,
     /// What timed the candidates: "device" (the device's own clock, e.g. CUDA events, on
     /// the production launch path), "host" (the host clock around runs on host memory), or
@@ -176,6 +189,9 @@ pub fn optimize(
         Ok(b) => b,
         Err(e) => return unoptimized(report, format!("no reference outputs to verify: {e}")),
     };
+    if let Some(note) = bench.note() {
+        report.note = note;
+    }
 
     let candidates = candidates(&ex, graph, opts.iterations);
     let default_graph = candidates
@@ -476,6 +492,9 @@ struct Bench {
     out_dtypes: Vec<DType>,
     input_bytes: Vec<Vec<u8>>,
     reference: Vec<Value>,
+    /// Inputs at the example shapes, where `inputs` (what candidates are verified on) are
+    /// smaller (see `REFERENCE_TERMS`); timings use these.
+    timing: Option<(Vec<Value>, Vec<Vec<u8>>)>,
     /// Whether the last timing used the device's clock (see `time`).
     device_clock: std::cell::Cell<bool>,
 }
@@ -488,14 +507,22 @@ impl Bench {
         opts: &SearchOptions,
     ) -> Result<Bench> {
         let mut rng = SplitMix(opts.seed ^ 0x5eed);
-        let mut inputs = Vec::new();
-        for (k, &i) in graph.inputs.iter().enumerate() {
-            let dtype = graph.ty(i).dtype;
-            let shape = shapes[k].clone();
-            let n: usize = shape.iter().product();
-            inputs.push(random_value(dtype, shape, n, &mut rng));
-        }
-        let input_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| v.to_bytes()).collect();
+        let mut random_inputs = |shapes: &[Vec<usize>]| {
+            let inputs: Vec<Value> = graph
+                .inputs
+                .iter()
+                .zip(shapes)
+                .map(|(&i, shape)| {
+                    let n: usize = shape.iter().product();
+                    random_value(graph.ty(i).dtype, shape.clone(), n, &mut rng)
+                })
+                .collect();
+            let bytes: Vec<Vec<u8>> = inputs.iter().map(|v| v.to_bytes()).collect();
+            (inputs, bytes)
+        };
+        let smaller = verification_shapes(graph, shapes, opts.reference_terms);
+        let (inputs, input_bytes) = random_inputs(smaller.as_deref().unwrap_or(shapes));
+        let timing = smaller.is_some().then(|| random_inputs(shapes));
         let out_dtypes: Vec<DType> = graph.outputs.iter().map(|&o| graph.ty(o).dtype).collect();
         let exe = ReferenceBackend.compile(graph, weights)?;
         let reference = run_once(exe.as_ref(), &inputs, &input_bytes, &out_dtypes)?;
@@ -504,8 +531,29 @@ impl Bench {
             out_dtypes,
             input_bytes,
             reference,
+            timing,
             device_clock: Default::default(),
         })
+    }
+
+    /// What the report says when candidates are verified at other shapes than timed.
+    fn note(&self) -> Option<String> {
+        let (timed, _) = self.timing.as_ref()?;
+        let shapes = |vs: &[Value]| vs.iter().map(|v| v.shape.clone()).collect::<Vec<_>>();
+        Some(format!(
+            "candidates verified at input shapes {:?} and timed at {:?} (the reference run \
+             at the timed shapes would take too long on the host)",
+            shapes(&self.inputs),
+            shapes(timed)
+        ))
+    }
+
+    /// The inputs timings run on.
+    fn timed_inputs(&self) -> (&[Value], &[Vec<u8>]) {
+        match &self.timing {
+            Some((inputs, bytes)) => (inputs, bytes),
+            None => (&self.inputs, &self.input_bytes),
+        }
     }
 
     /// Compiles, verifies and times one program.
@@ -598,8 +646,9 @@ impl Bench {
     /// A backend with a device clock (CUDA) times each run there, launched as production
     /// runs are; the others are timed by the host clock around `run`.
     fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
-        // SAFETY: the views point into `input_bytes`, which outlives the call.
-        let mut timer = unsafe { exe.device_timer(&views(&self.inputs, &self.input_bytes))? };
+        let (inputs, bytes) = self.timed_inputs();
+        // SAFETY: the views point into `bytes`, which outlives the call.
+        let mut timer = unsafe { exe.device_timer(&views(inputs, bytes))? };
         self.device_clock.set(timer.is_some());
         let mut times = Vec::with_capacity(repeats);
         let start = Instant::now();
@@ -611,7 +660,7 @@ impl Bench {
                 Some(timer) => timer.run()?,
                 None => {
                     let t = Instant::now();
-                    run_once(exe, &self.inputs, &self.input_bytes, &self.out_dtypes)?;
+                    run_once(exe, inputs, bytes, &self.out_dtypes)?;
                     t.elapsed().as_secs_f64()
                 }
             });
@@ -619,6 +668,84 @@ impl Bench {
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     }
+}
+
+/// Multiply-adds of the products and attention of `graph` at the symbol values `env` (what
+/// the reference run costs, to the first order).
+fn product_terms(graph: &Graph, env: &SymbolBindings) -> f64 {
+    let numel = |v: usize| -> f64 {
+        graph
+            .ty(v)
+            .shape
+            .iter()
+            .map(|d| d.eval(env).map_or(0.0, |x| x as f64))
+            .product()
+    };
+    let last = |v: usize| -> f64 {
+        graph
+            .ty(v)
+            .shape
+            .last()
+            .and_then(|d| d.eval(env).ok())
+            .map_or(1.0, |x| x as f64)
+    };
+    let mut terms = 0.0;
+    for (id, n) in graph.nodes.iter().enumerate() {
+        match n.op.base() {
+            Op::Dot | Op::IntegerDot => terms += numel(id) * last(n.inputs[0]),
+            Op::Attention { .. } => {
+                // Each query row scores every key (E terms) and sums every value (EV).
+                let (q, k) = (n.inputs[0], n.inputs[1]);
+                let keys = graph.ty(k).shape.iter().rev().nth(1);
+                let keys = keys
+                    .and_then(|d| d.eval(env).ok())
+                    .map_or(1.0, |x| x as f64);
+                terms += numel(q) / last(q).max(1.0) * keys * (last(q) + last(id));
+            }
+            _ => {}
+        }
+    }
+    terms
+}
+
+/// Input shapes at which the reference run costs at most `limit` terms, where the
+/// example shapes' would cost more and the program's symbolic dims can shrink (every
+/// symbol halved, within its range, until the cost fits or nothing shrinks further);
+/// `None` where the example shapes are affordable or cannot shrink.
+fn verification_shapes(
+    graph: &Graph,
+    shapes: &[Vec<usize>],
+    limit: f64,
+) -> Option<Vec<Vec<usize>>> {
+    let env = crate::shapes::resolve(graph, shapes).ok()?.env;
+    if product_terms(graph, &env) <= limit {
+        return None;
+    }
+    let mut small = env.clone();
+    loop {
+        let mut shrunk = false;
+        for (name, v) in small.iter_mut() {
+            let min = graph.symbols.get(name).map_or(1, |r| r.min.max(1));
+            let half = (*v / 2).max(min);
+            if half < *v {
+                *v = half;
+                shrunk = true;
+            }
+        }
+        if !shrunk || product_terms(graph, &small) <= limit {
+            break;
+        }
+    }
+    let new_shapes = graph
+        .inputs
+        .iter()
+        .map(|&i| crate::dim::eval_shape(&graph.ty(i).shape, &small))
+        .collect::<Result<Vec<_>>>()
+        .ok()?;
+    // The smaller shapes must make a valid call, binding the symbols as chosen (sizes
+    // tied by the graph's equations), and be smaller.
+    let bound = crate::shapes::resolve(graph, &new_shapes).ok()?;
+    (new_shapes.as_slice() != shapes && bound.env == small).then_some(new_shapes)
 }
 
 /// Contiguous views of `inputs` over their bytes.

@@ -16,7 +16,7 @@ use ember_core::egraph::{saturate, Budget};
 use ember_core::extract::{Candidate, DefaultCost, Extractor};
 use ember_core::interp::{self, Value};
 use ember_core::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
-use ember_core::search::{candidates, optimize, SearchOptions};
+use ember_core::search::{candidates, optimize, SearchOptions, REFERENCE_TERMS};
 use ember_core::tensor::HostTensor;
 use ember_cpu::CpuBackend;
 
@@ -708,4 +708,60 @@ fn cache_hit_reuses_the_choice() {
     assert!(!third.report.cache_hit);
     assert!(third.report.chosen.is_some());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_costly_reference_verifies_at_smaller_symbolic_sizes() {
+    // rows × 37 → linear → silu → linear, with `rows` symbolic: the same program serves
+    // every row count, so candidates are verified at fewer rows than they are timed at
+    // when the reference run at the timed size would cost too much.
+    let mut rng = Rng::new(9);
+    let (mut g, mut w) = (Graph::new(), Weights::new());
+    let rows = Dim::sym("rows");
+    let x_ty = ember_core::ir::TensorType::new(DType::F32, vec![rows, Dim::Const(37)]);
+    let x = g.add_source(Op::Input { index: 0 }, x_ty, "x").unwrap();
+    let w1 = weight(&mut g, &mut w, &mut rng, "w1", &[29, 37]);
+    let w2 = weight(&mut g, &mut w, &mut rng, "w2", &[11, 29]);
+    let w1t = g
+        .add(Op::Permute { perm: vec![1, 0] }, &[w1], "t1")
+        .unwrap();
+    let h = g.add(Op::Dot, &[x, w1t], "fc1").unwrap();
+    let s = un(&mut g, UnaryOp::Sigmoid, h);
+    let h = bin(&mut g, BinaryOp::Mul, h, s);
+    let w2t = g
+        .add(Op::Permute { perm: vec![1, 0] }, &[w2], "t2")
+        .unwrap();
+    let y = g.add(Op::Dot, &[h, w2t], "fc2").unwrap();
+    g.outputs.push(y);
+    let backend = CpuBackend::new(1);
+    let searched = |reference_terms: f64| {
+        let o = SearchOptions {
+            input_shapes: Some(vec![vec![64, 37]]),
+            reference_terms,
+            ..opts()
+        };
+        optimize(&g, &backend, &w, &o).unwrap()
+    };
+    // A row costs 37·29 + 29·11 = 1392 terms: 64 rows 89 088, halved until ≤ 25 000: 16.
+    let done = searched(25_000.0);
+    assert!(
+        done.report
+            .note
+            .contains("verified at input shapes [[16, 37]]")
+            && done.report.note.contains("timed at [[64, 37]]"),
+        "{:?}",
+        done.report
+    );
+    let chosen = done.report.chosen.expect("a candidate is adopted");
+    assert_eq!(done.report.candidates[chosen].verified, Some(true));
+    // The adopted program is right at the timed size too.
+    let x64 = random(&mut rng, DType::F32, &[64, 37], -2.0, 2.0);
+    check_with(&done.graph, &w, &[x64], 1e-5, "program verified at 16 rows");
+    // Affordable: verified where timed.
+    let done = searched(REFERENCE_TERMS);
+    assert!(
+        !done.report.note.contains("verified at"),
+        "{:?}",
+        done.report
+    );
 }

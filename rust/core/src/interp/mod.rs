@@ -188,7 +188,7 @@ fn deferred_transposes(graph: &Graph) -> Vec<Option<usize>> {
         })
         .collect();
     for node in &graph.nodes {
-        let product = matches!(base_op(&node.op), Op::Dot);
+        let product = matches!(node.op.base(), Op::Dot);
         for (k, &i) in node.inputs.iter().enumerate() {
             if !(product && k == 1) {
                 deferred[i] = None;
@@ -199,13 +199,6 @@ fn deferred_transposes(graph: &Graph) -> Vec<Option<usize>> {
         deferred[o] = None;
     }
     deferred
-}
-
-fn base_op(op: &Op) -> &Op {
-    match op {
-        Op::Kernel { base, .. } => base_op(base),
-        other => other,
-    }
 }
 
 fn one<'v>(args: &[&'v Value], n: usize) -> R<&'v Value> {

@@ -445,6 +445,15 @@ pub enum Op {
 }
 
 impl Op {
+    /// The op a backend's kernel choice wraps (`Kernel { base, .. }`), or the op itself:
+    /// what the node computes.
+    pub fn base(&self) -> &Op {
+        match self {
+            Op::Kernel { base, .. } => base.base(),
+            other => other,
+        }
+    }
+
     pub fn name(&self) -> String {
         match self {
             Op::Input { .. } => "input".into(),
