@@ -4,6 +4,8 @@ by the emulator, match eager PyTorch."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import ember
 import pytest
 import torch
@@ -126,6 +128,9 @@ def _sources() -> dict[str, dict]:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
         out[name] = cuda.generated_source(program)
+        if name in ("llama", "decode"):
+            # What `torch.compile(dynamic=True)` runs: the sequence or cache length symbolic.
+            out[f"{name}_dynamic"] = cuda.generated_source(_dynamic_program(name, model, args))
         if name in ("mlp", "llama", "decode"):
             # The product kernels the optimizer may choose instead of cuBLASLt.
             for choice in PRODUCT_CHOICES:
@@ -134,6 +139,17 @@ def _sources() -> dict[str, dict]:
             # Tensor-core attention, the backends' default on sm_80 and newer.
             out[f"{name}+{MMA}"] = cuda.generated_source(program, MMA)
     return out
+
+
+def _dynamic_program(name: str, model: torch.nn.Module, args: list[torch.Tensor]) -> Any:
+    """`model` exported with its sequence (prefill) or cache (decode) length symbolic."""
+    length = torch.export.Dim("length", min=2, max=SMALL.max_seq - 2)
+    if name == "decode":
+        dynamic: Any = (None, tuple({2: length} for _ in args[1:]))
+    else:
+        dynamic = ({1: length},)
+    ep = export_program(model, args, dynamic_shapes=dynamic)
+    return _core.load_pt2(data=save_bytes(ep), load_weights=False)
 
 
 @pytest.mark.nvrtc
@@ -185,11 +201,7 @@ def test_a_decode_step_with_a_dynamic_cache_length_takes_the_same_launches():
     the step must still take split attention, not the prefill kernel's one block per head
     looping over every key (16× slower at 1024 keys on an H200)."""
     (model, args) = {n: (m, a) for n, m, a in _models()}["decode"]
-    length = torch.export.Dim("length", min=2, max=SMALL.max_seq - 2)
-    dynamic = (None, tuple({2: length} for _ in args[1:]))
-    ep = export_program(model, args, dynamic_shapes=dynamic)
-    program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
-    gen = cuda.generated_source(program)
+    gen = cuda.generated_source(_dynamic_program("decode", model, args))
     assert gen["steps"] == DECODE_STEPS[None]
     # The split kernel's partial results, one kernel per layer writing them.
     assert gen["source"].count("float* __restrict__ part)") == SMALL.layers
