@@ -1,6 +1,8 @@
 """Dynamic shapes through torch.compile: once Dynamo marks a dim dynamic, one symbolic Ember
 program serves every size — a growing decode loop does not recompile per step."""
 
+from typing import Any
+
 import ember
 import pytest
 import torch
@@ -183,3 +185,30 @@ def test_export_dims_become_symbols_of_one_program(tmp_path):
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(ember.InputError):
         compiled(rand(9, 4, 16))  # outside the exported range
+
+
+def test_dims_dynamo_gives_one_symbol_are_exported_as_one_dim():
+    """A decode step's key and value caches share Dynamo's length symbol: they must stay one
+    symbol through export (each its own ``Dim.AUTO`` let export pin one of them to its
+    example size: a program per cache length), within the range Dynamo's guards leave."""
+    from ember.export import dynamo_dynamic_shapes
+
+    specs: list[Any] = []
+
+    def capture(gm: torch.fx.GraphModule, args: list[Any]) -> Any:
+        specs.append((dynamo_dynamic_shapes(gm, args), dynamo_dynamic_shapes(gm, args, tied=False)))
+        return gm
+
+    step = LlamaDecodeStep(Llama(SMALL)).eval()
+    compiled = torch.compile(step, backend=capture, dynamic=True)
+    with torch.no_grad():
+        compiled(torch.randint(0, SMALL.vocab, (1, 1)), *llama_cache(SMALL, 1, 13))
+    (tied, untied) = specs[0]
+    cache_dims = [d[2] for d in tied if isinstance(d, dict) and 2 in d]
+    assert len(cache_dims) == 2 * SMALL.layers
+    assert all(d is cache_dims[0] for d in cache_dims), "one Dim for every cache's length"
+    # Dynamo's guard from the rotary table's slice (`pos + 1 <= max_seq`) is its range.
+    assert cache_dims[0].max == SMALL.max_seq - 1
+    # Untied: each its own AUTO hint; no dim Dynamo pinned to a number is marked.
+    untied_dims = [d for d in untied if isinstance(d, dict)]
+    assert all(len(d) == 1 and 2 in d for d in untied_dims)
