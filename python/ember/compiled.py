@@ -43,30 +43,61 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise InputError(f"Ember does not support tensors of dtype {dtype}") from None
 
 
+# Device weights are read in place: the CUDA backend's kernels and cuBLASLt load them 16
+# bytes at a time, and the executor wants what its own allocations give.
+_ALIGN = 256
+
+
 def _bind_weights(
     weights: dict[str, torch.Tensor],
     specs: Sequence[tuple[str, str, list[int]]],
-    device: str = "cpu",
-):
-    """Pointers to each weight the program reads. Non-contiguous weights get one contiguous
-    copy here, at compile time; the returned list keeps every bound tensor alive. The CUDA
-    backend uploads weights from host memory, so GPU weights are copied to the host first."""
+    backend: str = "cpu",
+    host_copies: bool = False,
+) -> tuple[dict[str, tuple[int, str, list[int]]], dict[str, tuple[int, str, list[int]]], list]:
+    """Pointers to each weight the program reads: `(host, device, keep)`. Host weights
+    bind by pointer (a non-contiguous one gets one contiguous copy here); the CUDA backend
+    reads CUDA weights where they are (`device`), so a model's weights are not on the GPU
+    twice, and the emulator ("cuda-emu") reads host weights the same way. `host_copies`
+    also gives the CUDA backend host copies of its device weights (the measured search
+    verifies against the reference interpreter, which runs on the host). `keep` holds
+    every bound tensor alive."""
     keep: list[torch.Tensor] = []
-    bound: dict[str, tuple[int, str, list[int]]] = {}
+    host: dict[str, tuple[int, str, list[int]]] = {}
+    device: dict[str, tuple[int, str, list[int]]] = {}
     for name, _dtype, _shape in specs:
         t = weights.get(name)
         if t is None:
             continue
         t = t.detach()
-        if device == "cuda" and t.device.type == "cuda":
-            t = t.cpu()
+        if backend == "cuda" and t.device.type == "cuda":
+            on_gpu = _aligned(t.to("cuda:0").contiguous())
+            keep.append(on_gpu)
+            device[name] = (on_gpu.data_ptr(), dtype_name(on_gpu.dtype), list(on_gpu.shape))
+            if not host_copies:
+                continue
+            t = on_gpu.cpu()
         if t.device.type != "cpu":
             raise InputError(f"weight {name!r} is on {t.device}; Ember's CPU backend needs cpu")
         if not t.is_contiguous():
             t = t.contiguous()
+        if backend == "cuda-emu":
+            t = _aligned(t)
+            device[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
         keep.append(t)
-        bound[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
-    return bound, keep
+        host[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
+    return host, device, keep
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` (contiguous) where its data starts `_ALIGN`-byte aligned: itself, or a copy."""
+    if t.data_ptr() % _ALIGN == 0:
+        return t
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + _ALIGN, dtype=torch.uint8, device=t.device)
+    start = (-buf.data_ptr()) % _ALIGN
+    out = buf[start : start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def _mutations(program: Any, weights: dict[str, torch.Tensor]) -> list[tuple[int, Any]]:
@@ -154,19 +185,32 @@ class CompiledModel:
         self._weights = {
             name: weights[name] for name, _, _ in program.weight_specs if name in (weights or {})
         }
-        bound, self._keep_alive = _bind_weights(
-            self._weights, self._program.weight_specs, self._device
+        searching = options.search_iterations > 0 and self._backend == "cuda"
+        bound, on_device, keep = _bind_weights(
+            self._weights, self._program.weight_specs, self._backend, host_copies=searching
         )
         self._versions = [t._version for t in self._weights.values()]
         search = options.search_args(example_shapes)
         self._exe = _with_progress(
-            lambda: _core.compile(program, self._backend, bound, self._num_threads, **search),
+            lambda: _core.compile(
+                program,
+                self._backend,
+                bound,
+                self._num_threads,
+                device_weights=on_device or None,
+                **search,
+            ),
             options.time_budget_s,
             # The reference interpreter and the emulator are never searched.
             options.quiet
             or options.search_iterations == 0
             or self._backend in ("reference", "cuda-emu"),
         )
+        if self._backend == "cuda":
+            # Host weights were uploaded and the search's host copies are done with: only
+            # the device weights, read in place, must live on.
+            keep = [t for t in keep if t.is_cuda]
+        self._keep_alive = keep
         self._report = SearchReport.from_core(self._exe.report(), export_cache_hit)
         record(self._report)
         self._out_spec = out_spec
@@ -183,11 +227,11 @@ class CompiledModel:
         """Compiles with the weights as they are now. Backends may pre-pack weights (a
         transposed copy for GEMM), so the versions torch counts for in-place updates are
         recorded, and `run_flat` binds again when a weight has changed since."""
-        bound, self._keep_alive = _bind_weights(
-            self._weights, self._program.weight_specs, self._device
+        bound, on_device, self._keep_alive = _bind_weights(
+            self._weights, self._program.weight_specs, self._backend
         )
         self._versions = [t._version for t in self._weights.values()]
-        self._exe = self._exe.rebind(bound)
+        self._exe = self._exe.rebind(bound, on_device or None)
 
     @property
     def device(self) -> str:

@@ -143,3 +143,45 @@ def test_two_programs_run_at_once_on_two_streams():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def _linear(device: str, features: int) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(features, features, bias=False).to(device).eval()
+    with torch.no_grad():
+        # An aligned weight is read in place (an unaligned one would be copied, aligned).
+        lin.weight = torch.nn.Parameter(ember.compiled._aligned(lin.weight.detach()))
+    return lin
+
+
+@pytest.mark.skipif(not ember.cuda_built(), reason="built without the CUDA backend")
+def test_the_emulated_cuda_backend_reads_weights_in_place():
+    """The CUDA backends read weights where they are (the GPU: torch's CUDA parameters; the
+    emulator: host memory) instead of uploading copies: a change torch does not count as an
+    update (through `.data`) is seen by the next call, as only memory read in place can."""
+    lin = _linear("cpu", 16)
+    x = torch.randn(3, 16)
+    compiled = ember.compile(lin, x, backend="cuda-emu", search_iterations=0, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), lin(x))
+        lin.weight.data.mul_(2.0)  # `.data`: the parameter's version is not bumped
+        torch.testing.assert_close(compiled(x), lin(x))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
+def test_cuda_weights_are_not_copied_to_the_gpu_again():
+    """A 256 MB weight on the GPU: compiling takes no second 256 MB of device memory (the
+    program reads torch's parameter in place), and reads the parameter's current values."""
+    lin = _linear("cuda", 8192)  # 8192² f32: 256 MiB
+    x = torch.randn(2, 8192, device="cuda")
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    compiled = ember.compile(lin, x, search_iterations=0, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), lin(x), rtol=1e-4, atol=1e-3)
+        torch.cuda.synchronize()
+        used = free_before - torch.cuda.mem_get_info()[0]
+        assert used < 128 << 20, f"compiling took {used >> 20} MiB of device memory"
+        lin.weight.data.mul_(2.0)
+        torch.testing.assert_close(compiled(x), lin(x), rtol=1e-4, atol=1e-3)

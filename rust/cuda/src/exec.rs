@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ember_core::backend::{DeviceTimer, Executable, Weights};
 use ember_core::dim::{Dim, SymbolBindings};
+use ember_core::dtype::DType;
 use ember_core::ir::Op;
 use ember_core::shapes::resolve;
 use ember_core::tensor::{TensorOut, TensorView};
@@ -87,6 +88,29 @@ impl Work {
 /// Device memory; freed on drop.
 pub trait DeviceBuffer: Send + Sync {
     fn addr(&self) -> u64;
+}
+
+/// A weight already in device memory (a torch CUDA parameter), read where it is: the
+/// program neither copies nor frees it, so a model's weights are not on the GPU twice and
+/// in-place updates are seen. The caller keeps it alive, unmoved and 256-byte aligned for
+/// the program's life.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceWeight {
+    pub addr: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// Device-resident weights by name.
+pub type DeviceWeights = std::collections::BTreeMap<String, DeviceWeight>;
+
+/// Memory the program reads but does not own (a device weight).
+struct Borrowed(u64);
+
+impl DeviceBuffer for Borrowed {
+    fn addr(&self) -> u64 {
+        self.0
+    }
 }
 
 /// What the executor needs from a device (the GPU, or the host emulator).
@@ -245,10 +269,42 @@ fn recordings_enabled() -> bool {
 
 impl<D: Device> Program<D> {
     pub fn new(kp: KernelProgram, device: D, weights: &Weights) -> Result<Self> {
-        let mut uploaded = HashMap::new();
+        Self::with_device_weights(kp, device, weights, &DeviceWeights::new())
+    }
+
+    /// `new`, reading the weights in `on_device` where they are (see `DeviceWeight`);
+    /// the others are uploaded from `weights`.
+    pub fn with_device_weights(
+        kp: KernelProgram,
+        device: D,
+        weights: &Weights,
+        on_device: &DeviceWeights,
+    ) -> Result<Self> {
+        let mut uploaded: HashMap<usize, Box<dyn DeviceBuffer>> = HashMap::new();
         for (id, node) in kp.graph.nodes.iter().enumerate() {
             if kp.mem[id] != Mem::Weight {
                 continue;
+            }
+            if let Op::Weight { name } = &node.op {
+                if let Some(w) = on_device.get(name) {
+                    let want: Vec<Option<i64>> =
+                        node.ty.shape.iter().map(|d| d.as_const()).collect();
+                    let have: Vec<Option<i64>> = w.shape.iter().map(|&d| Some(d as i64)).collect();
+                    if w.dtype != node.ty.dtype || want != have {
+                        return Err(Error::Compile(format!(
+                            "weight '{name}' is {}{:?} on the device, the graph expects {:?}",
+                            w.dtype, w.shape, node.ty
+                        )));
+                    }
+                    if w.addr % ALIGN as u64 != 0 {
+                        return Err(Error::Compile(format!(
+                            "weight '{name}' at {:#x} on the device is not {ALIGN}-byte aligned",
+                            w.addr
+                        )));
+                    }
+                    uploaded.insert(id, Box::new(Borrowed(w.addr)));
+                    continue;
+                }
             }
             let bytes: &[u8] = match &node.op {
                 Op::Weight { name } => {

@@ -25,7 +25,12 @@ use ember_core::ir::{Graph, Op};
 use ember_core::Result;
 
 /// The CUDA backend's code run on the host by the emulator (`"cuda-emu"`): a test backend.
-pub struct EmulatedCudaBackend;
+/// Its "device" memory is host memory, so `device_weights` are host addresses read in
+/// place, as the GPU reads torch's CUDA parameters.
+#[derive(Default)]
+pub struct EmulatedCudaBackend {
+    pub device_weights: exec::DeviceWeights,
+}
 
 /// Which nodes a kernel choice applies to: (op, dtype, rank).
 type Applies = fn(&Op, DType, usize) -> bool;
@@ -125,7 +130,8 @@ impl Backend for EmulatedCudaBackend {
         let graph = with_default_kernels(graph, true)?;
         let kp = codegen::generate(&graph)?;
         let device = emulate::EmulatedDevice::new(&kp)?;
-        Ok(Box::new(exec::Program::new(kp, device, weights)?))
+        let program = exec::Program::with_device_weights(kp, device, weights, &self.device_weights);
+        Ok(Box::new(program?))
     }
 }
 pub mod device;
@@ -138,6 +144,8 @@ pub struct CudaBackend {
     gpu: std::sync::Arc<device::Gpu>,
     /// f32 products may run on TF32 tensor cores (only when the user allows it).
     allow_tf32: bool,
+    /// Weights read where they already are on GPU 0 (torch's CUDA parameters).
+    device_weights: exec::DeviceWeights,
 }
 
 impl CudaBackend {
@@ -146,7 +154,15 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu: device::Gpu::get()?,
             allow_tf32,
+            device_weights: exec::DeviceWeights::new(),
         })
+    }
+
+    /// Programs read these weights in GPU 0's memory where they are, instead of uploading
+    /// host copies (see `exec::DeviceWeight`).
+    pub fn with_device_weights(mut self, weights: exec::DeviceWeights) -> CudaBackend {
+        self.device_weights = weights;
+        self
     }
 }
 
@@ -169,6 +185,7 @@ impl Backend for CudaBackend {
         let graph = with_default_kernels(graph, self.gpu.tensor_cores())?;
         let kp = codegen::generate(&graph)?;
         let device = device::CudaDevice::new(self.gpu.clone(), &kp, self.allow_tf32)?;
-        Ok(Box::new(exec::Program::new(kp, device, weights)?))
+        let program = exec::Program::with_device_weights(kp, device, weights, &self.device_weights);
+        Ok(Box::new(program?))
     }
 }

@@ -255,7 +255,7 @@ fn the_search_times_cuda_candidates_on_the_device() {
         time_budget: std::time::Duration::from_secs(120),
         ..Default::default()
     };
-    let done = optimize(&g, &ember_cuda::EmulatedCudaBackend, &w, &opts).unwrap();
+    let done = optimize(&g, &ember_cuda::EmulatedCudaBackend::default(), &w, &opts).unwrap();
     assert_eq!(done.report.clock, "device", "{:?}", done.report);
     assert!(done.report.chosen.is_some(), "{:?}", done.report);
     // The generated product kernels are among the measured alternatives to cuBLASLt.

@@ -209,9 +209,64 @@ struct BackendChoice {
     num_threads: usize,
     /// f32 products may use TF32 tensor cores (CUDA; ~10-bit mantissa inputs).
     allow_tf32: bool,
+    /// Weights the CUDA backends read where they are in device memory (torch's CUDA
+    /// parameters; for the emulator, host memory), by name.
+    #[cfg(feature = "cuda")]
+    device_weights: Arc<ember_cuda::exec::DeviceWeights>,
 }
 
 impl BackendChoice {
+    /// This choice with `weights` (`(device address, dtype, shape)` by name) read where
+    /// they are in device memory; `None` keeps the current ones.
+    fn with_device_weights(
+        &self,
+        weights: Option<HashMap<String, RawBuffer>>,
+    ) -> PyResult<BackendChoice> {
+        let Some(weights) = weights else {
+            return Ok(self.clone());
+        };
+        #[cfg(feature = "cuda")]
+        {
+            if !self.name.starts_with("cuda") {
+                return Err(PyValueError::new_err(format!(
+                    "device weights need a CUDA backend, not '{}'",
+                    self.name
+                )));
+            }
+            let mut on_device = ember_cuda::exec::DeviceWeights::new();
+            for (name, (addr, dt, shape)) in weights {
+                let dtype = dtype(&dt)?;
+                let addr = addr as u64;
+                on_device.insert(name, ember_cuda::exec::DeviceWeight { addr, dtype, shape });
+            }
+            Ok(BackendChoice {
+                device_weights: Arc::new(on_device),
+                ..self.clone()
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            if weights.is_empty() {
+                return Ok(self.clone());
+            }
+            Err(PyValueError::new_err(
+                "device weights need the CUDA backend, which this build does not have",
+            ))
+        }
+    }
+
+    fn has_device_weight(&self, name: &str) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.device_weights.contains_key(name)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = name;
+            false
+        }
+    }
+
     fn make(&self) -> PyResult<Box<dyn Backend>> {
         let num_threads = self.num_threads;
         match self.name.as_str() {
@@ -221,10 +276,14 @@ impl BackendChoice {
             }
             "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
             #[cfg(feature = "cuda")]
-            "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend)),
+            "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend {
+                device_weights: (*self.device_weights).clone(),
+            })),
             #[cfg(feature = "cuda")]
             "cuda" => guard(|| {
-                Ok(Box::new(ember_cuda::CudaBackend::new(self.allow_tf32)?) as Box<dyn Backend>)
+                let backend = ember_cuda::CudaBackend::new(self.allow_tf32)?;
+                let backend = backend.with_device_weights((*self.device_weights).clone());
+                Ok(Box::new(backend) as Box<dyn Backend>)
             }),
             other => Err(CompileError::new_err(format!(
                 "unknown backend '{other}'; available: cpu, reference{}",
@@ -278,19 +337,21 @@ impl Executable {
 
     /// The same optimized program compiled again with new weight buffers (no new search):
     /// for weights changed in place after compiling.
-    #[pyo3(signature = (weights=None))]
+    #[pyo3(signature = (weights=None, device_weights=None))]
     fn rebind(
         &self,
         py: Python<'_>,
         weights: Option<HashMap<String, RawBuffer>>,
+        device_weights: Option<HashMap<String, RawBuffer>>,
     ) -> PyResult<Executable> {
-        let bound = bind_weights(&self.graph, weights)?;
-        let backend_impl = self.backend.make()?;
+        let backend = self.backend.with_device_weights(device_weights)?;
+        let bound = bind_weights(&self.graph, weights, &backend)?;
+        let backend_impl = backend.make()?;
         let exe = py.detach(|| guard(|| backend_impl.compile(&self.optimized, &bound)))?;
         Ok(Executable {
             inner: exe,
             graph: self.graph.clone(),
-            backend: self.backend.clone(),
+            backend,
             optimized: self.optimized.clone(),
             report: self.report.clone(),
         })
@@ -403,6 +464,7 @@ struct SendPtrs(Vec<TensorView>, Vec<TensorOut>);
 fn bind_weights(
     prog: &Pt2Program,
     weights: Option<HashMap<String, RawBuffer>>,
+    backend: &BackendChoice,
 ) -> PyResult<Weights> {
     let mut bound: Weights = prog.weights.clone();
     for (name, (ptr, dt, shape)) in weights.unwrap_or_default() {
@@ -412,6 +474,8 @@ fn bind_weights(
     }
     for (name, dt, shape) in &prog.weight_specs {
         match bound.get(name) {
+            // Read where it is on the device (checked against the graph when compiled).
+            None if backend.has_device_weight(name) => {}
             None => {
                 return Err(CompileError::new_err(format!(
                     "weight '{name}' was not provided"
@@ -436,7 +500,8 @@ fn bind_weights(
 /// `allow_tf32` lets the CUDA backend multiply f32 on TF32 tensor cores.
 #[pyfunction]
 #[pyo3(signature = (program, backend="cpu", weights=None, num_threads=1, search_iterations=8,
-    time_budget_s=3.0, seed=0, input_shapes=None, cache_dir=None, allow_tf32=false))]
+    time_budget_s=3.0, seed=0, input_shapes=None, cache_dir=None, allow_tf32=false,
+    device_weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn compile(
     py: Python<'_>,
@@ -450,14 +515,18 @@ fn compile(
     input_shapes: Option<Vec<Vec<usize>>>,
     cache_dir: Option<String>,
     allow_tf32: bool,
+    device_weights: Option<HashMap<String, RawBuffer>>,
 ) -> PyResult<Executable> {
     let prog = program.inner.clone();
-    let bound = bind_weights(&prog, weights)?;
     let choice = BackendChoice {
         name: backend.to_owned(),
         num_threads: num_threads.max(1),
         allow_tf32,
-    };
+        #[cfg(feature = "cuda")]
+        device_weights: Arc::default(),
+    }
+    .with_device_weights(device_weights)?;
+    let bound = bind_weights(&prog, weights, &choice)?;
     let backend_impl = choice.make()?;
     if !(time_budget_s.is_finite() && time_budget_s >= 0.0) {
         return Err(PyValueError::new_err(format!(
