@@ -145,11 +145,13 @@ class _DynamoGraph:
         spec = None
         if self.dynamic is None:
             # Dims Dynamo gave one symbol tied together first; each on its own if export
-            # rejects that (see `dynamo_dynamic_shapes`).
+            # rejects that (see `dynamo_dynamic_shapes`), unless that is the same spec.
+            tried: list[str] = []
             for tied in (True, False):
                 spec = dynamo_dynamic_shapes(self.graph.gm, self._kept(args), tied=tied)
-                if spec is None:
+                if spec is None or repr(spec) in tried:
                     break
+                tried.append(repr(spec))
                 try:
                     self.dynamic = self._build(args, spec)
                     return self.dynamic

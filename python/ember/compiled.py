@@ -88,6 +88,13 @@ def _bind_weights(
     return host, device, keep
 
 
+def _live_after_compile(keep: list[torch.Tensor], backend: str) -> list[torch.Tensor]:
+    """Of `_bind_weights`'s tensors, those a compiled program still reads: the CUDA backend
+    uploaded its host weights (and the search's host copies are done with), so only its
+    device weights, read in place; every one for the host backends and the emulator."""
+    return [t for t in keep if t.is_cuda] if backend == "cuda" else keep
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """`t` (contiguous) where its data starts `_ALIGN`-byte aligned: itself, or a copy."""
     if t.data_ptr() % _ALIGN == 0:
@@ -206,11 +213,7 @@ class CompiledModel:
             or options.search_iterations == 0
             or self._backend in ("reference", "cuda-emu"),
         )
-        if self._backend == "cuda":
-            # Host weights were uploaded and the search's host copies are done with: only
-            # the device weights, read in place, must live on.
-            keep = [t for t in keep if t.is_cuda]
-        self._keep_alive = keep
+        self._keep_alive = _live_after_compile(keep, self._backend)
         self._report = SearchReport.from_core(self._exe.report(), export_cache_hit)
         record(self._report)
         self._out_spec = out_spec
@@ -227,11 +230,12 @@ class CompiledModel:
         """Compiles with the weights as they are now. Backends may pre-pack weights (a
         transposed copy for GEMM), so the versions torch counts for in-place updates are
         recorded, and `run_flat` binds again when a weight has changed since."""
-        bound, on_device, self._keep_alive = _bind_weights(
+        bound, on_device, keep = _bind_weights(
             self._weights, self._program.weight_specs, self._backend
         )
         self._versions = [t._version for t in self._weights.values()]
         self._exe = self._exe.rebind(bound, on_device or None)
+        self._keep_alive = _live_after_compile(keep, self._backend)
 
     @property
     def device(self) -> str:

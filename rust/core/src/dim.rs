@@ -156,18 +156,7 @@ impl Dim {
 
     /// Whether the dim is provably ≥ 0 (symbols are sizes).
     fn non_negative(&self) -> bool {
-        match self {
-            Dim::Const(v) => *v >= 0,
-            Dim::Sym(_) => true,
-            Dim::Expr(e) => match &**e {
-                (DimOp::Add | DimOp::Mul | DimOp::Min, a, b) => {
-                    a.non_negative() && b.non_negative()
-                }
-                (DimOp::FloorDiv, a, Dim::Const(d)) => *d > 0 && a.non_negative(),
-                (DimOp::Max, a, b) => a.non_negative() || b.non_negative(),
-                _ => false,
-            },
-        }
+        self.bounds().lo.is_some_and(|lo| lo >= 0)
     }
 
     pub fn as_const(&self) -> Option<i64> {
@@ -414,13 +403,14 @@ fn next_run(from: &[Dim], to: &[Dim], back: bool) -> Option<(usize, usize)> {
     if from.is_empty() && to.is_empty() {
         return None;
     }
-    let at = |s: &[Dim], k: usize| -> Dim {
+    fn at(s: &[Dim], k: usize, back: bool) -> &Dim {
         if back {
-            s[s.len() - 1 - k].clone()
+            &s[s.len() - 1 - k]
         } else {
-            s[k].clone()
+            &s[k]
         }
-    };
+    }
+    let at = |s, k| at(s, k, back);
     if !from.is_empty() && !to.is_empty() && at(from, 0) == at(to, 0) {
         return Some((1, 1));
     }

@@ -104,6 +104,14 @@ pub struct DeviceWeight {
 /// Device-resident weights by name.
 pub type DeviceWeights = std::collections::BTreeMap<String, DeviceWeight>;
 
+/// Where a weight's data comes from when a program is made.
+enum Source<'a> {
+    /// Read in place at this device address.
+    Device(u64),
+    /// Uploaded from these host bytes.
+    Host(&'a [u8]),
+}
+
 /// Memory the program reads but does not own (a device weight).
 struct Borrowed(u64);
 
@@ -285,45 +293,47 @@ impl<D: Device> Program<D> {
             if kp.mem[id] != Mem::Weight {
                 continue;
             }
-            if let Op::Weight { name } = &node.op {
-                if let Some(w) = on_device.get(name) {
-                    let want: Vec<Option<i64>> =
-                        node.ty.shape.iter().map(|d| d.as_const()).collect();
-                    let have: Vec<Option<i64>> = w.shape.iter().map(|&d| Some(d as i64)).collect();
-                    if w.dtype != node.ty.dtype || want != have {
-                        return Err(Error::Compile(format!(
-                            "weight '{name}' is {}{:?} on the device, the graph expects {:?}",
-                            w.dtype, w.shape, node.ty
-                        )));
-                    }
-                    if w.addr % ALIGN as u64 != 0 {
-                        return Err(Error::Compile(format!(
-                            "weight '{name}' at {:#x} on the device is not {ALIGN}-byte aligned",
-                            w.addr
-                        )));
-                    }
-                    uploaded.insert(id, Box::new(Borrowed(w.addr)));
-                    continue;
-                }
-            }
             let bytes: &[u8] = match &node.op {
                 Op::Weight { name } => {
-                    let w = weights.get(name).ok_or_else(|| {
-                        Error::Compile(format!(
-                            "weight '{name}' is missing (node '{}')",
-                            node.origin
-                        ))
-                    })?;
+                    // Either read where it is on the device, or uploaded from the host.
+                    let (dtype, shape, source) = match on_device.get(name) {
+                        Some(w) => (w.dtype, &w.shape, Source::Device(w.addr)),
+                        None => {
+                            let w = weights.get(name).ok_or_else(|| {
+                                Error::Compile(format!(
+                                    "weight '{name}' is missing (node '{}')",
+                                    node.origin
+                                ))
+                            })?;
+                            (w.dtype, &w.shape, Source::Host(w.bytes()))
+                        }
+                    };
                     let want: Vec<Option<i64>> =
                         node.ty.shape.iter().map(|d| d.as_const()).collect();
-                    let have: Vec<Option<i64>> = w.shape.iter().map(|&d| Some(d as i64)).collect();
-                    if w.dtype != node.ty.dtype || want != have {
+                    let have: Vec<Option<i64>> = shape.iter().map(|&d| Some(d as i64)).collect();
+                    if dtype != node.ty.dtype || want != have {
+                        let place = match source {
+                            Source::Device(_) => " on the device",
+                            Source::Host(_) => "",
+                        };
                         return Err(Error::Compile(format!(
-                            "weight '{name}' is {}{:?}, the graph expects {:?}",
-                            w.dtype, w.shape, node.ty
+                            "weight '{name}' is {dtype}{shape:?}{place}, the graph expects {:?}",
+                            node.ty
                         )));
                     }
-                    w.bytes()
+                    match source {
+                        Source::Host(bytes) => bytes,
+                        Source::Device(addr) if addr % ALIGN as u64 != 0 => {
+                            return Err(Error::Compile(format!(
+                                "weight '{name}' at {addr:#x} on the device is not \
+                                 {ALIGN}-byte aligned"
+                            )));
+                        }
+                        Source::Device(addr) => {
+                            uploaded.insert(id, Box::new(Borrowed(addr)));
+                            continue;
+                        }
+                    }
                 }
                 Op::Constant(c) => &c.bytes,
                 _ => continue,

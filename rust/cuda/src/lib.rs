@@ -29,7 +29,7 @@ use ember_core::Result;
 /// place, as the GPU reads torch's CUDA parameters.
 #[derive(Default)]
 pub struct EmulatedCudaBackend {
-    pub device_weights: exec::DeviceWeights,
+    pub device_weights: std::sync::Arc<exec::DeviceWeights>,
 }
 
 /// Which nodes a kernel choice applies to: (op, dtype, rank).
@@ -145,7 +145,7 @@ pub struct CudaBackend {
     /// f32 products may run on TF32 tensor cores (only when the user allows it).
     allow_tf32: bool,
     /// Weights read where they already are on GPU 0 (torch's CUDA parameters).
-    device_weights: exec::DeviceWeights,
+    device_weights: std::sync::Arc<exec::DeviceWeights>,
 }
 
 impl CudaBackend {
@@ -154,13 +154,16 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu: device::Gpu::get()?,
             allow_tf32,
-            device_weights: exec::DeviceWeights::new(),
+            device_weights: Default::default(),
         })
     }
 
     /// Programs read these weights in GPU 0's memory where they are, instead of uploading
     /// host copies (see `exec::DeviceWeight`).
-    pub fn with_device_weights(mut self, weights: exec::DeviceWeights) -> CudaBackend {
+    pub fn with_device_weights(
+        mut self,
+        weights: std::sync::Arc<exec::DeviceWeights>,
+    ) -> CudaBackend {
         self.device_weights = weights;
         self
     }

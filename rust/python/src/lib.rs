@@ -277,12 +277,12 @@ impl BackendChoice {
             "reference" => Ok(Box::new(ember_core::interp::ReferenceBackend)),
             #[cfg(feature = "cuda")]
             "cuda-emu" => Ok(Box::new(ember_cuda::EmulatedCudaBackend {
-                device_weights: (*self.device_weights).clone(),
+                device_weights: self.device_weights.clone(),
             })),
             #[cfg(feature = "cuda")]
             "cuda" => guard(|| {
                 let backend = ember_cuda::CudaBackend::new(self.allow_tf32)?;
-                let backend = backend.with_device_weights((*self.device_weights).clone());
+                let backend = backend.with_device_weights(self.device_weights.clone());
                 Ok(Box::new(backend) as Box<dyn Backend>)
             }),
             other => Err(CompileError::new_err(format!(

@@ -107,15 +107,23 @@ fn products<T: Copy + Send + Sync>(
             let mut chunks = cols.chunks_mut(LANES);
             let mut j = j0;
             for chunk in &mut chunks {
-                let rows: Vec<&[T]> = (0..chunk.len()).map(|l| &yb[(j + l) * k..][..k]).collect();
+                let lanes = chunk.len();
+                let rows: [&[T]; LANES] = std::array::from_fn(|l| {
+                    if l < lanes {
+                        &yb[(j + l) * k..][..k]
+                    } else {
+                        &[]
+                    }
+                });
+                let rows = &rows[..lanes];
                 let mut sums = [zero; LANES];
                 for (p, &xp) in xr.iter().enumerate() {
-                    for (s, r) in sums.iter_mut().zip(&rows) {
+                    for (s, r) in sums.iter_mut().zip(rows) {
                         add(s, xp, r[p]);
                     }
                 }
-                chunk.copy_from_slice(&sums[..chunk.len()]);
-                j += chunk.len();
+                chunk.copy_from_slice(&sums[..lanes]);
+                j += lanes;
             }
         } else {
             // `p` outside `j`: `y` is read by rows (a column walk would miss the cache on

@@ -93,16 +93,20 @@ impl Graph {
     /// position below the table's end has its plain length (a decode step's one query
     /// row is 1, not `min(p + 1, n) - min(p, n)`), and dims that are equal look equal.
     pub fn simplify_dims(&mut self) {
-        if self.symbols.is_empty() {
+        let Graph {
+            nodes,
+            symbols: ranges,
+            ..
+        } = self;
+        if ranges.is_empty() {
             return;
         }
-        let ranges = self.symbols.clone();
         let simplify = |shape: &mut Vec<Dim>| {
             for d in shape.iter_mut() {
-                *d = d.simplified(&ranges);
+                *d = d.simplified(ranges);
             }
         };
-        for n in &mut self.nodes {
+        for n in nodes.iter_mut() {
             simplify(&mut n.ty.shape);
             let mut op = &mut n.op;
             while let Op::Kernel { base, .. } = op {
@@ -111,8 +115,8 @@ impl Graph {
             match op {
                 Op::Reshape { shape } | Op::Expand { shape } => simplify(shape),
                 Op::Slice { start, end, .. } => {
-                    *start = start.simplified(&ranges);
-                    *end = end.simplified(&ranges);
+                    *start = start.simplified(ranges);
+                    *end = end.simplified(ranges);
                 }
                 _ => {}
             }
