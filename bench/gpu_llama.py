@@ -59,6 +59,10 @@ FORCED = {
     "ember-warp": ("EMBER_CUDA_PRODUCTS", "cuda.warp_dot"),
     "ember-thread": ("EMBER_CUDA_PRODUCTS", "cuda.thread_dot"),
     "ember-simt-attention": ("EMBER_CUDA_MMA_ATTENTION", "0"),
+    # One product library for every product, unmeasured (``products.rs``): what measuring
+    # each shape's kernel among both gains.
+    "ember-cublaslt": ("EMBER_CUDA_PRODUCT_LIBRARY", "cublaslt"),
+    "ember-cublas": ("EMBER_CUDA_PRODUCT_LIBRARY", "cublas"),
 }
 
 

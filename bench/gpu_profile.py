@@ -3,7 +3,9 @@ benchmark's shapes (``bench.gpu_llama``) with fewer layers (compiles in seconds)
 and one-token decode, each profiled with ``torch.profiler`` (CUPTI sees Ember's kernels,
 also inside its CUDA graphs). Prints the kernels that take the most device time, the run
 statistics (graph replays, recordings, patches) and the wall time per call, with CUDA
-graphs on and off (``EMBER_CUDA_GRAPHS=0``). ``--ir DIR`` also writes each program's IR.
+graphs on and off (``EMBER_CUDA_GRAPHS=0``), and each product shape's measured kernels
+(cuBLASLt's algorithms and cuBLAS, ``ember.cuda.product_tuning``). ``--ir DIR`` also
+writes each program's IR.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import dataclasses
 import itertools
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,7 +116,35 @@ def main(argv: list[str] | None = None) -> int:
                 del compiled
             _profile(f"eager {label}", lambda m=module, x=first: m(*x), 8)
     os.environ.pop("EMBER_CUDA_GRAPHS", None)
+    _print_product_tuning()
     return 0
+
+
+def _print_product_tuning() -> None:
+    """Each product shape's measured kernels (``ember.cuda.product_tuning``): the chosen
+    one's time, and the rate at which it reads its operands (the weights, in a decode
+    step: what sets the floor)."""
+    tunings = ember.cuda.product_tuning()
+    print(f"\n== products measured: {len(tunings)} shapes (median µs, L2 flushed)")
+    for t in tunings:
+        times = dict(t["candidates"])
+        best = times.get(t["chosen"])
+        shown = ", ".join(
+            f"{name} {'failed' if us is None else f'{us:.1f}'}" for name, us in t["candidates"]
+        )
+        print(f"  {t['product']}: {t['chosen']} {_rate(t['product'], best)} ← {shown}")
+
+
+def _rate(product: str, us: float | None) -> str:
+    """GB/s read and written by a product described as ``"bf16 [m×k]·[k×n] ..."``."""
+    match = re.match(r"(\w+) \[(\d+)×(\d+)\]·\[\d+×(\d+)\](?: ×(\d+))?", product)
+    if us is None or not match:
+        return ""
+    dtype, m, k, n, batch = match.groups()
+    size = {"f64": 8, "f32": 4}.get(dtype, 2)
+    m, k, n, batch = int(m), int(k), int(n), int(batch or 1)
+    moved = batch * (m * k + k * n + m * n) * size
+    return f"{us:.1f} µs ({moved / (us * 1e-6) / 1e9:.0f} GB/s)"
 
 
 if __name__ == "__main__":

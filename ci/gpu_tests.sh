@@ -15,7 +15,7 @@
 # A lease-sized run (stop 35 on one H200: the 326 tests took 45 s on 14 workers, the llama
 # bench with three runners 70 s; a fourth runner and the profile add about two minutes):
 #   PYTEST_WORKERS=14 TEST_TIMEOUT=60 TESTS_TIMEOUT=200 MAXFAIL=500 SMALL_BENCH=0 \
-#   LLAMA_TIMEOUT=300 LLAMA_ARGS="--runners eager,ember,ember-search,ember-warp,inductor-ro --repeats 10" \
+#   LLAMA_TIMEOUT=300 LLAMA_ARGS="--runners eager,ember,inductor-ro,ember-cublaslt,ember-warp --repeats 10" \
 #   ci/gpu_tests.sh
 #
 #   ci/gpu_tests.sh [path/to/ember-*.whl]

@@ -1,7 +1,7 @@
 """CUDA support: finding the CUDA libraries, and what works without a GPU.
 
-The extension loads libcuda, libnvrtc and libcublasLt at run time (nothing is linked), so
-the same wheel runs on machines with and without CUDA. NVRTC and cuBLASLt are found where
+The extension loads libcuda, libnvrtc, libcublasLt and libcublas at run time (nothing is
+linked), so the same wheel runs on machines with and without CUDA. The libraries are found where
 torch's CUDA wheels put them (the ``nvidia`` packages) or in a CUDA toolkit
 (``CUDA_HOME``/``CUDA_PATH``); loading them here, once, lets the extension find them by name.
 """
@@ -91,6 +91,16 @@ def devices() -> list[tuple[str, str]]:
         return []
     load_libraries()
     return _core.cuda_devices()
+
+
+def product_tuning() -> list[dict[str, Any]]:
+    """The matrix-product shapes measured on the GPU so far (each new shape's cuBLASLt
+    algorithms and cuBLAS timed, the fastest kept): ``{"product": str, "candidates":
+    [(name, median µs or None when it failed)], "chosen": name}``, oldest first. Empty
+    without a GPU or before the first product ran."""
+    if not cuda_built():
+        return []
+    return _core.cuda_product_tuning()
 
 
 def cuda_available() -> bool:

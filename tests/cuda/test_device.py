@@ -16,6 +16,11 @@ def test_cuda_probes_answer_without_a_gpu():
         assert not ember.cuda_available()
 
 
+@pytest.mark.skipif(ember.cuda_available(), reason="a GPU is present")
+def test_no_products_are_measured_without_a_gpu():
+    assert ember.cuda.product_tuning() == []
+
+
 def test_invalid_device_option_is_refused():
     with pytest.raises(ValueError, match="device='tpu'"):
         ember.compile(torch.nn.Linear(4, 4), torch.randn(2, 4), device="tpu")
@@ -103,6 +108,51 @@ def test_products_of_tensors_at_unaligned_addresses(dtype):
         # The same program on aligned copies (the recording patched to new addresses).
         h2, r2 = h.clone(), r.clone()
         torch.testing.assert_close(compiled(h2, r2), fn(h2, r2), rtol=tol, atol=tol)
+
+
+class _Products(torch.nn.Module):
+    """A one-row linear layer (a decode step's), a batched product and one whose left
+    operand is transposed in place: each layout the product libraries are called with."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(40, 48, dtype=dtype) / 7)
+
+    def forward(self, x, a, b, c):
+        return torch.nn.functional.linear(x, self.w), torch.bmm(a, b), a.transpose(1, 2) @ c
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ember.cuda_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("library", ["measured", "cublas", "cublaslt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_products_match_eager_whichever_library_runs_them(monkeypatch, library, dtype):
+    """Each product shape's kernel is measured among cuBLASLt's algorithms and cuBLAS
+    (`products.rs`); each library forced alone must give eager's numbers too, since the
+    measurement may pick either."""
+    if library != "measured":
+        monkeypatch.setenv("EMBER_CUDA_PRODUCT_LIBRARY", library)
+    torch.manual_seed(0)
+    model = _Products(dtype).cuda().eval()
+    args = [
+        torch.randn(1, 48),
+        torch.randn(3, 24, 33),
+        torch.randn(3, 33, 17),
+        torch.randn(3, 24, 19),
+    ]
+    args = [t.to("cuda", dtype) for t in args]
+    compiled = ember.compile(model, *args, cache=False, quiet=True)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    with torch.no_grad():
+        for got, want in zip(compiled(*args), model(*args), strict=True):
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    if library == "measured":
+        one_row = [t for t in ember.cuda.product_tuning() if "[1×48]·[48×40]" in t["product"]]
+        assert one_row, ember.cuda.product_tuning()
+        for t in one_row:
+            times = dict(t["candidates"])
+            assert len(times) > 1 and times[t["chosen"]] is not None, t
+            assert times[t["chosen"]] == min(v for v in times.values() if v is not None), t
 
 
 @pytest.mark.cuda

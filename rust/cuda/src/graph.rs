@@ -173,8 +173,13 @@ impl Drop for GpuGraph {
 }
 
 impl CudaDevice {
-    /// One cuBLASLt product captured (not run) as a graph of its own.
+    /// One product captured (not run) as a graph of its own (its kernel measured first if its
+    /// shape is new).
     fn capture_gemm(&self, call: &GemmCall) -> Result<sys::CUgraph> {
+        // Measured before the capture begins: a capture cannot wait for timings.
+        if self.may_measure() {
+            self.tune(call)?;
+        }
         let stream = self.gpu.capture_stream;
         let _one_capture = self
             .gpu

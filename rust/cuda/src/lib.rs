@@ -138,6 +138,7 @@ pub mod device;
 pub mod driver;
 pub mod graph;
 pub mod nvrtc;
+pub mod products;
 
 /// The CUDA backend (`"cuda"`): kernels compiled by NVRTC for GPU 0, cuBLASLt products.
 pub struct CudaBackend {
@@ -167,6 +168,17 @@ impl CudaBackend {
         self.device_weights = weights;
         self
     }
+}
+
+/// The product shapes measured on GPU 0 so far, oldest first (empty where no GPU was
+/// opened).
+pub fn product_tuning() -> Vec<products::Tuning> {
+    if crate::driver::gpus().is_empty() {
+        return Vec::new();
+    }
+    device::Gpu::get()
+        .map(|g| g.products.tunings())
+        .unwrap_or_default()
 }
 
 impl Backend for CudaBackend {

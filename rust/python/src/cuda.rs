@@ -53,3 +53,20 @@ pub fn cuda_devices(py: Python<'_>) -> Vec<(String, String)> {
             .collect()
     })
 }
+
+/// The matrix-product shapes the CUDA backend measured (`products.rs`): a list of
+/// `{"product", "candidates": [(name, median µs or None)], "chosen"}`, oldest first.
+#[pyfunction]
+pub fn cuda_product_tuning<'py>(py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let tunings = py.detach(|| guard(|| Ok(ember_cuda::product_tuning())))?;
+    tunings
+        .into_iter()
+        .map(|t| {
+            let d = PyDict::new(py);
+            d.set_item("product", t.product)?;
+            d.set_item("candidates", t.candidates)?;
+            d.set_item("chosen", t.chosen)?;
+            Ok(d)
+        })
+        .collect()
+}

@@ -616,6 +616,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(cuda::nvrtc_compile, m)?)?;
         m.add_function(wrap_pyfunction!(cuda::nvrtc_version, m)?)?;
         m.add_function(wrap_pyfunction!(cuda::cuda_devices, m)?)?;
+        m.add_function(wrap_pyfunction!(cuda::cuda_product_tuning, m)?)?;
     }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_ID", ember_core::BUILD_ID)?;
