@@ -111,15 +111,18 @@ def test_products_of_tensors_at_unaligned_addresses(dtype):
 
 
 class _Products(torch.nn.Module):
-    """A one-row linear layer (a decode step's), a batched product and one whose left
-    operand is transposed in place: each layout the product libraries are called with."""
+    """A one-row linear layer (a decode step's) alone and with a residual added, a batched
+    product and one whose left operand is transposed in place: each layout and epilogue
+    the product libraries are called with."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(40, 48, dtype=dtype) / 7)
+        self.o = torch.nn.Parameter(torch.randn(40, 40, dtype=dtype) / 7)
 
     def forward(self, x, a, b, c):
-        return torch.nn.functional.linear(x, self.w), torch.bmm(a, b), a.transpose(1, 2) @ c
+        h = torch.nn.functional.linear(x, self.w)
+        return h, h + torch.nn.functional.linear(h, self.o), torch.bmm(a, b), a.transpose(1, 2) @ c
 
 
 @pytest.mark.cuda

@@ -4,10 +4,11 @@
 //! `b`. Which kernel serves a shape is **measured**, once per shape and process: the first
 //! time a product shape is about to be captured into a recording (or run step by step),
 //! cuBLASLt's best few heuristic algorithms and cuBLAS's own dispatch (its matrix-vector
-//! kernels serve a decode step's one-row products) each run a few times on a private stream,
-//! with the L2 cache flushed before each run (a model's weights come from memory, not L2),
-//! and the fastest by median is kept. Heuristics alone choose a poor kernel for skinny
-//! products more often than not; measuring costs a few milliseconds per new shape.
+//! kernels serve a decode step's one-row products; a residual addend is copied into the
+//! result and added in place) each run a few times on a private stream, with the L2 cache
+//! flushed before each run (a model's weights come from memory, not L2), and the fastest
+//! by median is kept. cuBLASLt's heuristic is a model, not a measurement, and never offers
+//! cuBLAS's matrix-vector kernels; measuring costs a few milliseconds per new shape.
 //! `EMBER_CUDA_TUNE_PRODUCTS=0` takes cuBLASLt's first heuristic instead;
 //! `EMBER_CUDA_PRODUCT_LIBRARY=cublas|cublaslt` forces one library (tests, comparisons).
 //! `ember.cuda.product_tuning()` lists what was measured.
@@ -512,11 +513,11 @@ impl Setup {
     }
 }
 
-/// Whether cuBLAS (no epilogues, 32-bit sizes) can run `c`.
+/// Whether cuBLAS can run `c`: no bias or GELU epilogue (an addend it adds in place, after
+/// copying it into the result), 32-bit sizes.
 fn blas_serves(c: &GemmCall) -> bool {
     let fits = |v: usize| v <= i32::MAX as usize;
     c.bias == 0
-        && c.addend == 0
         && !c.gelu_tanh
         && blas_data_type(c.dtype).is_some()
         && [c.m, c.n, c.k, c.batch, c.m * c.k, c.n * c.k, c.m * c.n]
@@ -801,6 +802,15 @@ impl CudaDevice {
                 let (m, n, k) = (c.m as i32, c.n as i32, c.k as i32);
                 let lda = if c.trans_b { k } else { n };
                 let ldb = if c.trans_a { m } else { k };
+                if add && c.addend != d {
+                    // cuBLAS adds β·C in place: the addend (a residual) is copied into the
+                    // result first, then added to the f32 sums and rounded once, as
+                    // cuBLASLt's separate C is.
+                    let bytes = c.batch * c.m * c.n * c.dtype.size();
+                    // SAFETY: both are `bytes` long (shaped as the result), in stream order.
+                    unsafe { drv::memcpy_dtod_async(d, c.addend, bytes, stream) }
+                        .map_err(|e| driver_err("copy", e))?;
+                }
                 // SAFETY: a live handle used under `products.lock`; sizes fit i32
                 // (`blas_serves`); pointers and strides as the cuBLASLt layouts above.
                 unsafe {
