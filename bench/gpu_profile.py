@@ -136,12 +136,12 @@ def _print_product_tuning() -> None:
 
 
 def _rate(product: str, us: float | None) -> str:
-    """GB/s read and written by a product described as ``"bf16 [m×k]·[k×n] ..."``."""
+    """GB/s read and written by a product described as ``"bfloat16 [m×k]·[k×n] ..."``."""
     match = re.match(r"(\w+) \[(\d+)×(\d+)\]·\[\d+×(\d+)\](?: ×(\d+))?", product)
     if us is None or not match:
         return ""
     dtype, m, k, n, batch = match.groups()
-    size = {"f64": 8, "f32": 4}.get(dtype, 2)
+    size = {"float64": 8, "float32": 4}.get(dtype, 2)
     m, k, n, batch = int(m), int(k), int(n), int(batch or 1)
     moved = batch * (m * k + k * n + m * n) * size
     return f"{us:.1f} µs ({moved / (us * 1e-6) / 1e9:.0f} GB/s)"
