@@ -452,11 +452,11 @@ impl Setup {
             &WORKSPACE_BYTES,
         )?;
         if matches!(self.key.dtype, DType::F16 | DType::BF16) {
-            // Split sums are added in f32 (in the workspace or in place in f32), never
-            // in the output's 16 bits.
-            let schemes: u32 = ltsys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_INPLACE
-                as u32
-                | ltsys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+            // Split-K partial sums are kept and added in f32 in the workspace
+            // (COMPUTE_TYPE); the in-place and output-type schemes add them in the output's
+            // 16 bits. Unsplit algorithms (no scheme) stay allowed.
+            let schemes: u32 =
+                ltsys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
             set_pref(
                 pref.raw,
                 Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
