@@ -209,7 +209,8 @@ impl CudaDevice {
         })
     }
 
-    fn stream(&self) -> sys::CUstream {
+    /// The stream this program's runs launch on (torch's current one).
+    pub(crate) fn stream(&self) -> sys::CUstream {
         self.stream.load(Ordering::Relaxed) as sys::CUstream
     }
 

@@ -697,6 +697,11 @@ impl CudaDevice {
     ) -> Result<Vec<Option<f64>>> {
         let products = &self.gpu.products;
         let stream = self.gpu.capture_stream;
+        // Work still queued on torch's stream (this program's previous run) would share
+        // the GPU with the timed runs: let it finish first (once per new shape).
+        // SAFETY: a live stream handle, not capturing (`may_measure`).
+        unsafe { drv::stream::synchronize(self.stream()) }
+            .map_err(|e| driver_err("synchronize", e))?;
         let medians = {
             let out_bytes = c.batch * c.m * c.n * c.dtype.size();
             let workspace = Scratch::new(WORKSPACE_BYTES, stream)?;
