@@ -137,10 +137,12 @@ pub fn scatter(
     let st = contiguous_strides(&xs);
     let n: usize = is.iter().product();
     crate::with_dtype!(x.dtype, T => {
-        let base: Vec<T> = x.to_vec::<T>()?;
+        // `x` is copied once, straight into the result (a static KV cache is the whole
+        // cache per step; an intermediate copy doubled that traffic).
+        let base = x.view::<T>()?;
         let updates: Vec<T> = upd.to_vec::<T>()?;
         Val::build::<T>(x.dtype, &xs, |out| {
-            out.copy_from_slice(&base);
+            crate::strided::map1(&base, out, |v| v);
             let mut at = vec![0usize; is.len()];
             for k in 0..n {
                 let off: usize = (0..is.len())
