@@ -9,6 +9,7 @@ mod error;
 mod exec;
 mod fold;
 mod fuse;
+mod grouped_attention;
 mod kernels;
 mod par;
 pub mod profile;

@@ -356,3 +356,94 @@ fn attention_causal_and_masked() {
         );
     }
 }
+
+/// Grouped-query attention as models write it: each of 2 key/value heads repeated for 3
+/// query heads (`reshape(expand(reshape(k)))`), which the backend attends in place
+/// (`grouped_attention.rs`) — decode and prefill rows, causal, masked, and a repeat that
+/// is also an output (so it must still be computed).
+#[test]
+fn grouped_query_attention_reads_shared_heads_in_place() {
+    use ember_core::dim::Dim;
+    let mut rng = Rng::new(27);
+    let dims = |v: &[usize]| v.iter().map(|&d| Dim::Const(d as i64)).collect::<Vec<_>>();
+    for (rows, causal, masked, repeat_out) in [
+        (1, false, false, false),
+        (1, false, true, false),
+        (4, true, false, false),
+        (4, false, true, true),
+    ] {
+        let (b, hkv, group, s, e, ev) = (2, 2, 3, 9, 8, 6);
+        let mut g = Graph::new();
+        let q = input(&mut g, 0, DType::F32, &[b, hkv * group, rows, e]);
+        let k = input(&mut g, 1, DType::F32, &[b, hkv, s, e]);
+        let v = input(&mut g, 2, DType::F32, &[b, hkv, s, ev]);
+        let repeat = |g: &mut Graph, x: usize, width: usize| {
+            let one = g
+                .add(
+                    Op::Reshape {
+                        shape: dims(&[b, hkv, 1, s, width]),
+                    },
+                    &[x],
+                    "r",
+                )
+                .unwrap();
+            let wide = g
+                .add(
+                    Op::Expand {
+                        shape: dims(&[b, hkv, group, s, width]),
+                    },
+                    &[one],
+                    "e",
+                )
+                .unwrap();
+            g.add(
+                Op::Reshape {
+                    shape: dims(&[b, hkv * group, s, width]),
+                },
+                &[wide],
+                "m",
+            )
+            .unwrap()
+        };
+        let (rk, rv) = (repeat(&mut g, k, e), repeat(&mut g, v, ev));
+        let mut ins = vec![q, rk, rv];
+        let mut vals = vec![
+            random(&mut rng, DType::F32, &[b, hkv * group, rows, e], -2.0, 2.0),
+            random(&mut rng, DType::F32, &[b, hkv, s, e], -2.0, 2.0),
+            random(&mut rng, DType::F32, &[b, hkv, s, ev], -2.0, 2.0),
+        ];
+        if masked {
+            // One mask row per batch, broadcast over heads (as a padding mask is).
+            let m = input(&mut g, 3, DType::Bool, &[b, 1, rows, s]);
+            let wide = g
+                .add(
+                    Op::Expand {
+                        shape: dims(&[b, hkv * group, rows, s]),
+                    },
+                    &[m],
+                    "mask",
+                )
+                .unwrap();
+            ins.push(wide);
+            let mut mv = random(&mut rng, DType::Bool, &[b, 1, rows, s], 0.0, 1.0);
+            if let Data::I(d) = &mut mv.data {
+                for row in d.chunks_mut(s) {
+                    row[0] = 1;
+                }
+            }
+            vals.push(mv);
+        }
+        let op = Op::Attention {
+            scale: 0.3,
+            causal,
+            has_mask: masked,
+        };
+        let out = g.add(op, &ins, "attention").unwrap();
+        g.outputs.push(out);
+        if repeat_out {
+            g.outputs.push(rk);
+        }
+        let what = format!("grouped attention rows={rows} causal={causal} masked={masked}");
+        check_with(&g, &Weights::new(), &vals, 1e-5, &what);
+    }
+}
