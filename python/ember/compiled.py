@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
+from torch.autograd.graph import increment_version
 
 from ember import _core, cuda
 from ember.errors import InputError
@@ -124,6 +125,17 @@ def _mutations(program: Any, weights: dict[str, torch.Tensor]) -> list[tuple[int
     return found
 
 
+def _writable_in_place(inputs: Sequence[torch.Tensor], j: int, shape: list[int]) -> bool:
+    """Whether input ``j`` can be the buffer of an output of ``shape`` written into it: a
+    contiguous cpu tensor of that shape sharing memory with no other input (which would
+    see the update too early)."""
+    t = inputs[j]
+    if not t.is_contiguous() or list(t.shape) != shape or t.numel() == 0:
+        return False
+    storage = t.untyped_storage().data_ptr()
+    return all(i == j or u.untyped_storage().data_ptr() != storage for i, u in enumerate(inputs))
+
+
 def _output_kind(spec: Any) -> str:
     """How outputs are returned: "single" tensor, flat "tuple", or a pytree "spec"."""
     if spec is None or spec.is_leaf():
@@ -225,6 +237,11 @@ class CompiledModel:
         self._user_outputs = [
             i for i in range(len(self._output_dtypes)) if i not in dict(self._mutations)
         ]
+        # Updates of an input the program may write straight into the caller's tensor (a
+        # static KV cache): output index → input index. Backends write such an output only
+        # after the whole run succeeded, so a failing call leaves the tensor as it was.
+        targets = dict(self._mutations)
+        self._in_place = {k: j for k, j in self._exe.in_place_outputs() if targets.get(k) == j}
 
     def _bind(self) -> None:
         """Compiles with the weights as they are now. Backends may pre-pack weights (a
@@ -286,7 +303,13 @@ class CompiledModel:
         # In-place updates the program makes (a cache written at new positions) land in the
         # caller's tensors, as in eager.
         for i, target in self._mutations:
-            (inputs[target] if isinstance(target, int) else target).copy_(outs[i])
+            dest = inputs[target] if isinstance(target, int) else target
+            if outs[i] is not dest:
+                dest.copy_(outs[i])
+            else:
+                # Written in place (`_in_place`), behind torch's back: count the change
+                # as `copy_` would have.
+                increment_version(dest)
         return [outs[i] for i in self._user_outputs]
 
     def _run_cpu(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -303,6 +326,9 @@ class CompiledModel:
             views.append((t.data_ptr(), name, t.shape, t.stride()))
         shapes = self._exe.output_shapes([v[2] for v in views])
         outs = [_empty(s, d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
+        for k, j in self._in_place.items():
+            if _writable_in_place(inputs, j, list(shapes[k])):
+                outs[k] = inputs[j]
         names = self._output_names
         self._exe.run(
             views, [(o.data_ptr(), n, s) for o, n, s in zip(outs, names, shapes, strict=True)]

@@ -122,6 +122,34 @@ def test_in_place_updates_of_inputs_and_buffers_are_written_back():
         assert int(model.steps) == int(reference.steps) == 4, compile_with
 
 
+def test_a_cache_update_is_written_into_the_callers_tensor_and_not_on_failure():
+    """An update of an input nothing else reads (a static KV cache's `index_copy_`) is
+    written straight into the caller's tensor, with no second copy (`_in_place`), and
+    counted as a change (`_version`); a call that fails on a bad index leaves it as it was."""
+    model, reference = _StaticCacheStep(), _StaticCacheStep()
+    ours, theirs = torch.zeros(2, 6, 3), torch.zeros(2, 6, 3)
+    compiled = ember.compile(model, rand(2, 1, 3), torch.tensor([0]), ours.clone())
+    assert compiled._in_place == {1: 2}, compiled._in_place
+    with torch.no_grad():
+        for step in range(3):
+            keys, pos = rand(2, 1, 3), torch.tensor([step])
+            version = ours._version
+            torch.testing.assert_close(compiled(keys, pos, ours), reference(keys, pos, theirs))
+            torch.testing.assert_close(ours, theirs)
+            assert ours._version > version
+        before = ours.clone()
+        with pytest.raises(ember.EmberRuntimeError, match="out of range"):
+            compiled(rand(2, 1, 3), torch.tensor([6]), ours)
+        torch.testing.assert_close(ours, before, rtol=0, atol=0)
+        # A cache that is not contiguous (a view into a larger tensor) cannot be an output
+        # buffer: it is updated by a copy, as before.
+        wide, theirs_wide = torch.zeros(2, 12, 3), torch.zeros(2, 12, 3)
+        keys, pos = rand(2, 1, 3), torch.tensor([4])
+        got = compiled(keys, pos, wide[:, :6])
+        torch.testing.assert_close(got, reference(keys, pos, theirs_wide[:, :6]))
+        torch.testing.assert_close(wide, theirs_wide)
+
+
 def test_graph_returning_the_size_of_an_intermediate():
     """A returned size of a tensor the graph computes (Dynamo writes it in terms of the
     input's size) comes back as a Python int, with one symbolic program."""

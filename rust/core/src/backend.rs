@@ -65,8 +65,18 @@ pub trait Executable: Send + Sync {
     ///
     /// # Safety
     /// Every input view must be valid for reads over its shape and strides, and every output
-    /// must be valid for writes of its full size and not alias any input, for the whole call.
+    /// must be valid for writes of its full size and not alias any input (but as
+    /// `in_place_outputs` allows), for the whole call.
     unsafe fn run(&self, inputs: &[TensorView], outputs: &[TensorOut]) -> Result<()>;
+
+    /// `(output k, input j)` pairs where `run` may be given input `j`'s own memory as output
+    /// `k`'s buffer (an exception to `run`'s no-alias rule): output `k` is written only after
+    /// everything that reads input `j` has run, and only when the whole run succeeded. A
+    /// program that updates a cache (`index_copy_` on a static KV cache) then writes its
+    /// result straight into the caller's tensor, with no second copy. Empty by default.
+    fn in_place_outputs(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
 
     /// Runs on the backend's own device memory: contiguous inputs of `input_shapes` at
     /// `inputs`, outputs (of `output_shapes`) at `outputs`, work queued on `stream`. Only

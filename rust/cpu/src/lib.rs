@@ -154,6 +154,31 @@ impl Executable for CpuExecutable {
             .collect())
     }
 
+    /// Outputs that are a scatter into an input nothing else reads (a cache updated in
+    /// place): the scatter builds its result apart, and outputs not written straight are
+    /// copied into the caller's buffers after the whole run (`write_output`), so the
+    /// input's memory may be that output's buffer.
+    fn in_place_outputs(&self) -> Vec<(usize, usize)> {
+        let g = &self.program.graph;
+        let uses = g.use_counts();
+        let mut pairs = Vec::new();
+        for (k, &o) in g.outputs.iter().enumerate() {
+            let node = &g.nodes[o];
+            let plain = matches!(self.program.fusion.role[o], fuse::Role::Plain);
+            if !plain || !matches!(node.op, Op::Scatter { .. }) {
+                continue;
+            }
+            let x = node.inputs[0];
+            let once = g.outputs.iter().filter(|&&p| p == o).count() == 1;
+            if let Op::Input { index } = g.nodes[x].op {
+                if once && uses[x] == 1 {
+                    pairs.push((k, index));
+                }
+            }
+        }
+        pairs
+    }
+
     unsafe fn run(&self, inputs: &[TensorView], outputs: &[TensorOut]) -> Result<()> {
         let g = &self.program.graph;
         if outputs.len() != g.outputs.len() {

@@ -357,6 +357,12 @@ impl Executable {
         })
     }
 
+    /// `(output, input)` index pairs whose output may be written into the input's own
+    /// memory (a cache updated in place; see `Executable::in_place_outputs`).
+    fn in_place_outputs(&self) -> Vec<(usize, usize)> {
+        self.inner.in_place_outputs()
+    }
+
     /// Output shapes for the given input shapes (raises `InputError` when they do not fit).
     fn output_shapes(&self, py: Python<'_>, shapes: Vec<Vec<usize>>) -> PyResult<Vec<Vec<usize>>> {
         py.detach(|| guard(|| self.inner.output_shapes(&shapes)))
