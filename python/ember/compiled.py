@@ -125,15 +125,24 @@ def _mutations(program: Any, weights: dict[str, torch.Tensor]) -> list[tuple[int
     return found
 
 
-def _writable_in_place(inputs: Sequence[torch.Tensor], j: int, shape: list[int]) -> bool:
-    """Whether input ``j`` can be the buffer of an output of ``shape`` written into it: a
-    contiguous cpu tensor of that shape sharing memory with no other input (which would
-    see the update too early)."""
-    t = inputs[j]
-    if not t.is_contiguous() or list(t.shape) != shape or t.numel() == 0:
-        return False
-    storage = t.untyped_storage().data_ptr()
-    return all(i == j or u.untyped_storage().data_ptr() != storage for i, u in enumerate(inputs))
+def _in_place_buffers(
+    inputs: Sequence[torch.Tensor], pairs: dict[int, int], shapes: Sequence[Sequence[int]]
+) -> dict[int, torch.Tensor]:
+    """Output index → the input tensor it is written into, for the ``pairs`` (output →
+    input) where the input can be that output's buffer: contiguous, of the output's shape,
+    and sharing memory with no other input (which would see the update too early)."""
+    storages = [t.untyped_storage().data_ptr() for t in inputs]
+    buffers = {}
+    for k, j in pairs.items():
+        t = inputs[j]
+        if (
+            t.is_contiguous()
+            and t.numel() > 0
+            and list(t.shape) == list(shapes[k])
+            and storages.count(storages[j]) == 1
+        ):
+            buffers[k] = t
+    return buffers
 
 
 def _output_kind(spec: Any) -> str:
@@ -325,10 +334,11 @@ class CompiledModel:
             name = _TORCH_TO_NAME.get(t.dtype) or dtype_name(t.dtype)
             views.append((t.data_ptr(), name, t.shape, t.stride()))
         shapes = self._exe.output_shapes([v[2] for v in views])
-        outs = [_empty(s, d) for s, d in zip(shapes, self._output_dtypes, strict=True)]
-        for k, j in self._in_place.items():
-            if _writable_in_place(inputs, j, list(shapes[k])):
-                outs[k] = inputs[j]
+        given = _in_place_buffers(inputs, self._in_place, shapes) if self._in_place else {}
+        outs = [
+            given[k] if k in given else _empty(s, d)
+            for k, (s, d) in enumerate(zip(shapes, self._output_dtypes, strict=True))
+        ]
         names = self._output_names
         self._exe.run(
             views, [(o.data_ptr(), n, s) for o, n, s in zip(outs, names, shapes, strict=True)]
