@@ -130,13 +130,15 @@ def _in_place_buffers(
 ) -> dict[int, torch.Tensor]:
     """Output index → the input tensor it is written into, for the ``pairs`` (output →
     input) where the input can be that output's buffer: contiguous, of the output's shape,
-    and sharing memory with no other input (which would see the update too early)."""
+    sharing memory with no other input (which would see the update too early), and not
+    tracked by autograd (whose checks of in-place updates `copy_` keeps)."""
     storages = [t.untyped_storage().data_ptr() for t in inputs]
     buffers = {}
     for k, j in pairs.items():
         t = inputs[j]
         if (
             t.is_contiguous()
+            and not t.requires_grad
             and t.numel() > 0
             and list(t.shape) == list(shapes[k])
             and storages.count(storages[j]) == 1

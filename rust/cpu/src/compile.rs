@@ -287,8 +287,8 @@ fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Erro
 
 impl Program {
     pub fn new(graph: &Graph, weights: &Weights, fuse: bool) -> Result<Program> {
-        let graph = crate::grouped_attention::read_shared_heads(graph)?;
-        let graph = crate::fold::fold_weights(&graph, weights);
+        let rewritten = crate::grouped_attention::read_shared_heads(graph)?;
+        let graph = crate::fold::fold_weights(rewritten.as_ref().unwrap_or(graph), weights);
         let mut bound = Vec::with_capacity(graph.nodes.len());
         let mut keep = Vec::new();
         for node in &graph.nodes {

@@ -41,8 +41,9 @@ fn repeated_heads(g: &Graph, operand: ValueId) -> Option<ValueId> {
 }
 
 /// The graph with every grouped-query attention reading its shared heads in place (see
-/// the module docs); other nodes unchanged. Repeats nothing else reads are dropped.
-pub fn read_shared_heads(g: &Graph) -> Result<Graph> {
+/// the module docs); other nodes unchanged. Repeats nothing else reads are dropped. None
+/// when the graph has no such attention (it serves as it is).
+pub fn read_shared_heads(g: &Graph) -> Result<Option<Graph>> {
     let uses = g.use_counts();
     // Per attention node: the expanded k and v (same heads and groups).
     let mut grouped: Vec<Option<(ValueId, ValueId)>> = vec![None; g.nodes.len()];
@@ -66,7 +67,7 @@ pub fn read_shared_heads(g: &Graph) -> Result<Graph> {
         }
     }
     if grouped.iter().all(Option::is_none) {
-        return Ok(g.clone());
+        return Ok(None);
     }
 
     let mut out = Graph {
@@ -95,7 +96,7 @@ pub fn read_shared_heads(g: &Graph) -> Result<Graph> {
     }
     out.inputs = g.inputs.iter().map(|&i| new_id[i]).collect();
     out.outputs = g.outputs.iter().map(|&o| new_id[o]).collect();
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// Attention `node` (its new inputs `inputs`: q, k, v[, mask]) over the expanded heads
@@ -153,69 +154,51 @@ mod tests {
         v.iter().map(|&d| Dim::Const(d)).collect()
     }
 
+    fn input(g: &mut Graph, index: usize, dtype: DType, shape: &[i64]) -> ValueId {
+        let ty = TensorType::new(dtype, c(shape));
+        g.add_source(Op::Input { index }, ty, "in").unwrap()
+    }
+
+    fn attention(g: &mut Graph, inputs: &[ValueId]) -> ValueId {
+        let op = Op::Attention {
+            scale: 0.2,
+            causal: false,
+            has_mask: inputs.len() == 4,
+        };
+        let a = g.add(op, inputs, "a").unwrap();
+        g.outputs.push(a);
+        a
+    }
+
     /// q `[1, 8, 1, 32]` against a 4-head cache `[1, 4, 64, 32]` repeated twice.
     fn decode_attention(masked: bool) -> Graph {
         let mut g = Graph::new();
-        let f32s = |s: &[i64]| TensorType::new(DType::F32, c(s));
-        let q = g
-            .add_source(Op::Input { index: 0 }, f32s(&[1, 8, 1, 32]), "q")
-            .unwrap();
-        let cache = g
-            .add_source(Op::Input { index: 1 }, f32s(&[1, 4, 64, 32]), "k")
-            .unwrap();
+        let q = input(&mut g, 0, DType::F32, &[1, 8, 1, 32]);
+        let cache = input(&mut g, 1, DType::F32, &[1, 4, 64, 32]);
         let repeat = |g: &mut Graph| {
-            let one = g
-                .add(
-                    Op::Reshape {
-                        shape: c(&[1, 4, 1, 64, 32]),
-                    },
-                    &[cache],
-                    "r",
-                )
-                .unwrap();
-            let e = g
-                .add(
-                    Op::Expand {
-                        shape: c(&[1, 4, 2, 64, 32]),
-                    },
-                    &[one],
-                    "e",
-                )
-                .unwrap();
-            g.add(
-                Op::Reshape {
-                    shape: c(&[1, 8, 64, 32]),
-                },
-                &[e],
-                "m",
-            )
-            .unwrap()
+            let mut x = cache;
+            for (op, shape) in [
+                ("r", &[1, 4, 1, 64, 32][..]),
+                ("e", &[1, 4, 2, 64, 32]),
+                ("m", &[1, 8, 64, 32]),
+            ] {
+                let shape = c(shape);
+                let op = if op == "e" {
+                    Op::Expand { shape }
+                } else {
+                    Op::Reshape { shape }
+                };
+                x = g.add(op, &[x], "repeat").unwrap();
+            }
+            x
         };
         let k = repeat(&mut g);
         let v = repeat(&mut g);
         let mut ins = vec![q, k, v];
         if masked {
-            let m = g
-                .add_source(
-                    Op::Input { index: 2 },
-                    TensorType::new(DType::Bool, c(&[1, 8, 1, 64])),
-                    "mask",
-                )
-                .unwrap();
-            ins.push(m);
+            ins.push(input(&mut g, 2, DType::Bool, &[1, 8, 1, 64]));
         }
-        let a = g
-            .add(
-                Op::Attention {
-                    scale: 0.2,
-                    causal: false,
-                    has_mask: masked,
-                },
-                &ins,
-                "a",
-            )
-            .unwrap();
-        g.outputs.push(a);
+        attention(&mut g, &ins);
         g
     }
 
@@ -223,7 +206,7 @@ mod tests {
     fn grouped_heads_are_attended_in_place_and_the_repeats_dropped() {
         for masked in [false, true] {
             let g = decode_attention(masked);
-            let w = read_shared_heads(&g).unwrap();
+            let w = read_shared_heads(&g).unwrap().expect("rewritten");
             ember_core::ir::verify(&w).unwrap();
             let attention: Vec<&Node> = w
                 .nodes
@@ -251,25 +234,9 @@ mod tests {
     #[test]
     fn attention_without_repeated_heads_is_left_alone() {
         let mut plain = Graph::new();
-        let f32s = |s: &[i64]| TensorType::new(DType::F32, c(s));
-        let q = plain
-            .add_source(Op::Input { index: 0 }, f32s(&[1, 4, 1, 32]), "q")
-            .unwrap();
-        let kv = plain
-            .add_source(Op::Input { index: 1 }, f32s(&[1, 4, 64, 32]), "k")
-            .unwrap();
-        let out = plain
-            .add(
-                Op::Attention {
-                    scale: 0.2,
-                    causal: false,
-                    has_mask: false,
-                },
-                &[q, kv, kv],
-                "a",
-            )
-            .unwrap();
-        plain.outputs.push(out);
-        assert_eq!(read_shared_heads(&plain).unwrap(), plain);
+        let q = input(&mut plain, 0, DType::F32, &[1, 4, 1, 32]);
+        let kv = input(&mut plain, 1, DType::F32, &[1, 4, 64, 32]);
+        attention(&mut plain, &[q, kv, kv]);
+        assert_eq!(read_shared_heads(&plain).unwrap(), None);
     }
 }
