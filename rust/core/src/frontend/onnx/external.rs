@@ -9,6 +9,7 @@ use super::proto::StringStringEntryProto;
 use crate::error::{Error, Result};
 
 /// Where external data may be read from: the model's folder, or nowhere for in-memory models.
+#[derive(Clone)]
 pub struct ExternalData {
     base: Option<PathBuf>,
 }

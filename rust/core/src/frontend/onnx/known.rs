@@ -62,12 +62,18 @@ pub enum Fold {
     Gt,
     Le,
     Ge,
+    /// Logical (bool) or bitwise (integer) And/Or/Xor, on constants.
+    And,
+    Or,
+    Xor,
 }
 
 /// `a op b` elementwise with numpy broadcasting of 0-d/1-d operands; `None` when it cannot be
 /// folded exactly (a symbolic operand where the result needs a value, or mismatched lengths).
 pub fn fold_binary(op: Fold, a: &Known, b: &Known) -> Option<Known> {
-    if !a.dtype.is_int() || a.dtype != b.dtype {
+    let bitwise = matches!(op, Fold::And | Fold::Or | Fold::Xor);
+    let foldable = a.dtype.is_int() || (bitwise && a.dtype == DType::Bool);
+    if !foldable || a.dtype != b.dtype {
         return None;
     }
     let n = match (a.dims.len(), b.dims.len()) {
@@ -103,6 +109,14 @@ pub fn fold_binary(op: Fold, a: &Known, b: &Known) -> Option<Known> {
                 (_, Some(q)) if q != 0 => Dim::binary(DimOp::Mod, x, y),
                 _ => return None,
             },
+            Fold::And | Fold::Or | Fold::Xor => {
+                let (p, q) = (consts.0?, consts.1?);
+                Dim::Const(match op {
+                    Fold::And => p & q,
+                    Fold::Or => p | q,
+                    _ => p ^ q,
+                })
+            }
             Fold::Eq | Fold::Lt | Fold::Gt | Fold::Le | Fold::Ge => {
                 let (p, q) = match consts {
                     (Some(p), Some(q)) => (p, q),
@@ -130,6 +144,19 @@ pub fn fold_binary(op: Fold, a: &Known, b: &Known) -> Option<Known> {
         scalar: a.scalar && b.scalar,
         dims: out,
     })
+}
+
+/// Logical Not of known bools.
+pub fn not(k: &Known) -> Option<Known> {
+    if k.dtype != DType::Bool {
+        return None;
+    }
+    let dims = k
+        .consts()?
+        .into_iter()
+        .map(|v| Dim::Const((v == 0) as i64))
+        .collect();
+    Some(Known { dims, ..k.clone() })
 }
 
 /// Converts known values to another integer dtype (exact for sizes; constants wrap as a

@@ -1,9 +1,10 @@
 //! One ONNX node as the op translators see it: its name, inputs (an empty name is an absent
 //! optional input) and typed attribute access with ONNX's defaults.
 
-use super::proto::{AttributeProto, NodeProto, TensorProto};
+use super::proto::{AttributeProto, GraphProto, NodeProto, TensorProto};
 use crate::error::{Error, Result};
 
+#[derive(Clone)]
 pub struct Node<'a> {
     pub proto: &'a NodeProto,
     /// The node's name, or `<op_type>_<index>` when the model leaves it empty.
@@ -25,6 +26,12 @@ impl<'a> Node<'a> {
             op,
             opset,
         }
+    }
+
+    /// The same node under another name (a node inside a subgraph is named by its path).
+    pub fn named(mut self, name: String) -> Node<'a> {
+        self.name = name;
+        self
     }
 
     /// Name of input `k`, or `None` when it is absent (missing or empty).
@@ -156,7 +163,14 @@ impl<'a> Node<'a> {
         Ok(self.attr_checked(name)?.and_then(|a| a.t.as_ref()))
     }
 
-    /// Whether the node carries a subgraph (If, Loop, Scan): Ember does not translate those.
+    /// The graph attribute `name` (a branch or loop body).
+    pub fn graph(&self, name: &str) -> Result<&'a GraphProto> {
+        self.attr_checked(name)?
+            .and_then(|a| a.g.as_deref())
+            .ok_or_else(|| self.err(format!("graph attribute '{name}' is missing")))
+    }
+
+    /// Whether the node carries a subgraph (If, Loop and Scan do).
     pub fn has_subgraph(&self) -> bool {
         self.proto.attribute.iter().any(|a| a.g.is_some())
     }

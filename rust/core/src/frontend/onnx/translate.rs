@@ -80,6 +80,12 @@ pub struct Ctx {
     /// Float values `DequantizeLinear` made from 8-bit integers, by IR value: a product of
     /// two of them runs on the integers (`ops::quant::dequantized_product`).
     pub dequantized: HashMap<ValueId, Dequantized>,
+    /// The IR value of each initializer that became a weight, by name: a subgraph run once
+    /// per loop iteration binds its initializers again and must not add them twice.
+    weight_ids: HashMap<String, ValueId>,
+    /// Where external tensor data lives (initializers of subgraphs are read as translated).
+    ext: ExternalData,
+    opset: i64,
 }
 
 /// `(q - zero) · scale`: a float value dequantized from the 8-bit integers `q`, its scale
@@ -104,16 +110,26 @@ impl Ctx {
     /// The IR value of `name`, materializing known values as constants on first use.
     pub fn value(&mut self, name: &str) -> Result<ValueId> {
         let val = self.get(name)?.clone();
+        let id = self.id_of(&val)?;
+        self.values.get_mut(name).expect("checked").id = Some(id);
+        Ok(id)
+    }
+
+    /// The IR value of `val`, materializing a known value or initializer.
+    pub fn id_of(&mut self, val: &Val) -> Result<ValueId> {
         if let Some(id) = val.id {
             return Ok(id);
         }
-        let id = match (&val.init, &val.known) {
-            (Some(init), _) => self.initializer(init)?,
-            (None, Some(k)) => self.materialize(k)?,
+        match (&val.init, &val.known) {
+            (Some(init), _) => self.initializer(init),
+            (None, Some(k)) => self.materialize(k),
             (None, None) => unreachable!("a value is an IR value, an initializer or known"),
-        };
-        self.values.get_mut(name).expect("checked").id = Some(id);
-        Ok(id)
+        }
+    }
+
+    /// The value bound to `name` (for ops that pass values on without looking at them).
+    pub fn val(&self, name: &str) -> Result<Val> {
+        self.get(name).cloned()
     }
 
     /// Small initializers become constants (visible to the optimizer), the others weights.
@@ -123,6 +139,9 @@ impl Ctx {
         if numel <= MAX_CONST_ELEMS {
             return self.constant(d.dtype, d.shape.clone(), d.bytes.clone());
         }
+        if let Some(&id) = self.weight_ids.get(&init.name) {
+            return Ok(id);
+        }
         let ty = TensorType::new(d.dtype, d.shape.iter().map(|&s| Dim::from(s)).collect());
         self.weight_specs
             .push((init.name.clone(), d.dtype, d.shape.clone()));
@@ -130,12 +149,14 @@ impl Ctx {
             init.name.clone(),
             HostTensor::owned(d.dtype, d.shape.clone(), d.bytes.clone())?,
         );
-        self.b.source(
+        let id = self.b.source(
             Op::Weight {
                 name: init.name.clone(),
             },
             ty,
-        )
+        )?;
+        self.weight_ids.insert(init.name.clone(), id);
+        Ok(id)
     }
 
     fn materialize(&mut self, k: &Known) -> Result<ValueId> {
@@ -188,8 +209,11 @@ impl Ctx {
 
     /// Known values of input `k`, when translation can tell them.
     pub fn known(&self, n: &Node, k: usize) -> Option<Known> {
-        let name = n.input(k)?;
-        let v = self.values.get(name)?;
+        self.known_of(self.values.get(n.input(k)?)?)
+    }
+
+    /// Known values of `v`, when translation can tell them.
+    pub fn known_of(&self, v: &Val) -> Option<Known> {
         if let Some(k) = &v.known {
             return Some(k.clone());
         }
@@ -261,6 +285,127 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    /// Binds initializers by name; small integer vectors (shapes, axes, indices) are also
+    /// known values for shape folding. Data enters the IR only when an op reads it.
+    fn bind_initializers(&mut self, inits: &[proto::TensorProto]) -> Result<()> {
+        for (i, init) in inits.iter().enumerate() {
+            let name = init
+                .name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| Error::Compile(format!("initializer {i} has no name")))?;
+            self.b.origin = name.clone();
+            let data = tensor::decode(init, &self.ext, &name)?;
+            let known = match tensor::ints(&data) {
+                Some(v) if data.shape.len() <= 1 && v.len() <= MAX_KNOWN_ELEMS => Some(Known {
+                    dtype: data.dtype,
+                    scalar: data.shape.is_empty(),
+                    dims: v.into_iter().map(Dim::Const).collect(),
+                }),
+                _ => None,
+            };
+            let init = Arc::new(Initializer {
+                name: name.clone(),
+                data,
+            });
+            self.values.insert(
+                name,
+                Val {
+                    id: None,
+                    known,
+                    init: Some(init),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Translates one node and binds its outputs.
+    fn run_node(&mut self, n: &Node) -> Result<()> {
+        self.b.origin = n.name.clone();
+        let handler =
+            ops::handler_in(n.proto.domain.as_deref(), n.op).expect("checked by check_supported");
+        let outs = handler(self, n).map_err(|e| in_node(e, n))?;
+        for (k, name) in n.proto.output.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let v = outs.get(k).cloned().ok_or_else(|| {
+                n.unsupported(format!("Ember does not compute its output {k} ('{name}')"))
+            })?;
+            self.values.insert(name.clone(), v);
+        }
+        Ok(())
+    }
+
+    /// Translates `graph`, a subgraph of `parent` (`label` says which, e.g. `body[3]`), with
+    /// its inputs bound to `inputs`, and gives its outputs. Outer values stay visible, as
+    /// ONNX scoping says; the names the subgraph defines are unbound again afterwards, so a
+    /// loop body translates once per iteration.
+    pub fn subgraph(
+        &mut self,
+        graph: &proto::GraphProto,
+        inputs: Vec<Val>,
+        parent: &Node,
+        label: &str,
+    ) -> Result<Vec<Val>> {
+        if inputs.len() != graph.input.len() {
+            return Err(parent.err(format!(
+                "its {label} declares {} inputs where the op gives {}",
+                graph.input.len(),
+                inputs.len()
+            )));
+        }
+        if !graph.sparse_initializer.is_empty() {
+            return Err(parent.unsupported("its subgraph has a sparse initializer"));
+        }
+        let origin = self.b.origin.clone();
+        let defined: Vec<&str> = graph
+            .input
+            .iter()
+            .filter_map(|v| v.name.as_deref())
+            .chain(graph.initializer.iter().filter_map(|t| t.name.as_deref()))
+            .chain(
+                graph
+                    .node
+                    .iter()
+                    .flat_map(|n| n.output.iter().map(String::as_str)),
+            )
+            .filter(|s| !s.is_empty())
+            .collect();
+        let shadowed: Vec<(String, Option<Val>)> = defined
+            .iter()
+            .map(|&s| (s.to_owned(), self.values.get(s).cloned()))
+            .collect();
+
+        for (vi, v) in graph.input.iter().zip(inputs) {
+            self.values.insert(vi.name.clone().unwrap_or_default(), v);
+        }
+        self.bind_initializers(&graph.initializer)?;
+        for (i, proto) in graph.node.iter().enumerate() {
+            let n = Node::new(proto, i, self.opset);
+            let name = format!("{}/{label}/{}", parent.name, n.name);
+            self.run_node(&n.named(name))?;
+        }
+        let outs = graph
+            .output
+            .iter()
+            .map(|vi| self.val(vi.name.as_deref().unwrap_or("")))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| in_node(e, parent))?;
+
+        for (name, old) in shadowed {
+            match old {
+                Some(v) => self.values.insert(name, v),
+                None => self.values.remove(&name),
+            };
+        }
+        self.b.origin = origin;
+        Ok(outs)
+    }
+}
+
 /// Reads, validates and translates a model.
 pub fn load(source: Source<'_>) -> Result<Pt2Program> {
     let owned;
@@ -312,6 +457,24 @@ fn is_onnx_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("") | Some("ai.onnx"))
 }
 
+/// The nodes inside the subgraphs of `n` (If branches, Loop and Scan bodies), at any depth,
+/// named by their path, so that the up-front check sees every op a model runs.
+fn nested_nodes<'a>(n: &Node<'a>, opset: i64, out: &mut Vec<Node<'a>>) {
+    if !ops::control::reads_subgraphs(n.op) {
+        return;
+    }
+    for a in &n.proto.attribute {
+        let Some(g) = a.g.as_deref() else { continue };
+        for (i, inner) in g.node.iter().enumerate() {
+            let inner = Node::new(inner, i, opset);
+            let name = format!("{}/{}", n.name, inner.name);
+            let inner = inner.named(name);
+            out.push(inner.clone());
+            nested_nodes(&inner, opset, out);
+        }
+    }
+}
+
 /// Rejects the whole graph up front when any node is unsupported, naming all such ops.
 fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
     let local: BTreeSet<(String, String)> = model
@@ -347,8 +510,8 @@ fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
                 "domain '{}' is not supported (only ai.onnx and some com.microsoft ops)",
                 domain.unwrap_or("")
             )
-        } else if n.has_subgraph() {
-            "ops with subgraphs (If, Loop, Scan) are not supported".to_owned()
+        } else if n.has_subgraph() && !ops::control::reads_subgraphs(n.op) {
+            "of the ops with subgraphs Ember reads only If, Loop and Scan".to_owned()
         } else if let Some(why) = ops::unsupported_reason(n.op) {
             why.to_owned()
         } else if ops::handler(n.op).is_none() {
@@ -440,7 +603,12 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         .enumerate()
         .map(|(i, n)| Node::new(n, i, opset))
         .collect();
-    check_supported(model, &nodes)?;
+    let mut all = Vec::new();
+    for n in &nodes {
+        all.push(n.clone());
+        nested_nodes(n, opset, &mut all);
+    }
+    check_supported(model, &all)?;
 
     let mut ctx = Ctx {
         b: Builder::new(),
@@ -448,40 +616,14 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         weights: Weights::new(),
         weight_specs: Vec::new(),
         dequantized: HashMap::new(),
+        weight_ids: HashMap::new(),
+        ext: ext.clone(),
+        opset,
     };
 
     // Initializers first: a graph input with an initializer of the same name is a weight
     // with a default (IR version < 4), and Ember binds the default.
-    for (i, init) in graph.initializer.iter().enumerate() {
-        let name = init
-            .name
-            .clone()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| Error::Compile(format!("initializer {i} has no name")))?;
-        ctx.b.origin = name.clone();
-        let data = tensor::decode(init, ext, &name)?;
-        // Integer vectors (shapes, axes, indices) are known values for shape folding.
-        let known = match tensor::ints(&data) {
-            Some(v) if data.shape.len() <= 1 && v.len() <= MAX_KNOWN_ELEMS => Some(Known {
-                dtype: data.dtype,
-                scalar: data.shape.is_empty(),
-                dims: v.into_iter().map(Dim::Const).collect(),
-            }),
-            _ => None,
-        };
-        let init = Arc::new(Initializer {
-            name: name.clone(),
-            data,
-        });
-        ctx.values.insert(
-            name,
-            Val {
-                id: None,
-                known,
-                init: Some(init),
-            },
-        );
-    }
+    ctx.bind_initializers(&graph.initializer)?;
 
     let mut input_names = Vec::new();
     for vi in &graph.input {
@@ -512,19 +654,7 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
     }
 
     for n in &nodes {
-        ctx.b.origin = n.name.clone();
-        let handler =
-            ops::handler_in(n.proto.domain.as_deref(), n.op).expect("checked by check_supported");
-        let outs = handler(&mut ctx, n).map_err(|e| in_node(e, n))?;
-        for (k, name) in n.proto.output.iter().enumerate() {
-            if name.is_empty() {
-                continue;
-            }
-            let v = outs.get(k).cloned().ok_or_else(|| {
-                n.unsupported(format!("Ember does not compute its output {k} ('{name}')"))
-            })?;
-            ctx.values.insert(name.clone(), v);
-        }
+        ctx.run_node(n)?;
     }
 
     let mut output_names = Vec::new();

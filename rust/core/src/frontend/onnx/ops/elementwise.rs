@@ -35,6 +35,12 @@ pub fn handler(op: &str) -> Option<Handler> {
 }
 
 fn unary(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    // Loop conditions are often `Not` of a known flag.
+    if n.op == "Not" {
+        if let Some(k) = ctx.known(n, 0).as_ref().and_then(known::not) {
+            return Ok(vec![Val::known(k)]);
+        }
+    }
     let x = ctx.input(n, 0)?;
     let op = match n.op {
         "Sqrt" => UnaryOp::Sqrt,
@@ -114,6 +120,9 @@ fn fold_of(op: &str) -> Option<Fold> {
         "Greater" => Fold::Gt,
         "LessOrEqual" => Fold::Le,
         "GreaterOrEqual" => Fold::Ge,
+        "And" | "BitwiseAnd" => Fold::And,
+        "Or" | "BitwiseOr" => Fold::Or,
+        "Xor" | "BitwiseXor" => Fold::Xor,
         _ => return None,
     })
 }

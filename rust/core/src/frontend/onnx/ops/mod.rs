@@ -2,6 +2,7 @@
 //! translates it; the same table decides up front whether a whole model is supported.
 
 mod attention;
+pub mod control;
 mod conv;
 mod creation;
 mod elementwise;
@@ -43,6 +44,7 @@ pub fn handler(op: &str) -> Option<Handler> {
         .or_else(|| math::handler(op))
         .or_else(|| recurrent::handler(op))
         .or_else(|| grid_sample::handler(op))
+        .or_else(|| control::handler(op))
 }
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
