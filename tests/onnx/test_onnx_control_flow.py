@@ -4,11 +4,15 @@ refusals where the iteration count or a select's shape depends on values."""
 
 from __future__ import annotations
 
+import io
+import warnings
 from typing import Any
 
 import ember
 import numpy as np
+import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnx_util import BACKENDS, check, compile_on, make_model, ort_run, randn, tolerance
 
@@ -341,3 +345,40 @@ def test_an_unsupported_op_inside_a_body_is_reported_up_front():
     # A valid model (ONNX Runtime runs it, the branch is not taken), but Ember checks every
     # op of every subgraph before translating.
     assert ort_run(model, {"x": x})[0].shape == (3,)
+
+
+class ScriptedLoopAndBranch(torch.nn.Module):
+    """A recurrence over the rows of `x` and a data-dependent branch: TorchScript keeps both
+    as control flow, and its ONNX exporter writes them as Loop and If."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros_like(x[0])
+        for i in range(x.shape[0]):
+            h = torch.tanh(self.lin(x[i]) + h)
+        if x.sum() > 0:
+            h = h * 2
+        else:
+            h = h - 1
+        return h
+
+
+def test_torchscript_control_flow_exported_to_onnx_matches_eager():
+    torch.manual_seed(0)
+    scripted = torch.jit.script(ScriptedLoopAndBranch().eval())
+    x = torch.randn(5, 8)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(scripted, (x,), buffer, dynamo=False, opset_version=17, input_names=["x"])
+    model = onnx.load_from_string(buffer.getvalue())
+    assert {"Loop", "If"} <= {n.op_type for n in model.graph.node}
+    compiled = ember.compile_onnx(model)
+    for sign in (1.0, -1.0):
+        feed = x.abs() * sign
+        with torch.no_grad():
+            want = scripted(feed).numpy()
+        np.testing.assert_allclose(compiled(x=feed.numpy())[0], want, rtol=1e-5, atol=1e-6)
