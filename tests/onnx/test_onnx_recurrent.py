@@ -5,6 +5,8 @@ other activations), checked against ONNX Runtime."""
 
 from __future__ import annotations
 
+import io
+import warnings
 from typing import Any
 
 import ember
@@ -149,12 +151,71 @@ def test_a_sequence_length_unknown_at_compile_time_is_refused() -> None:
         ember.compile_onnx(model)
 
 
-def test_sequence_lens_is_refused() -> None:
-    x = randn(5, 2, 4, seed=1)
-    lens = np.array([5, 3], dtype=np.int32)
-    inits = {"w": randn(1, 24, 4, seed=2), "r": randn(1, 24, 6, seed=3)}
-    node = helper.make_node("LSTM", ["x", "w", "r", "", "lens"], ["y"], hidden_size=6)
-    model = make_model([node], {"x": x, "lens": lens}, ["y"], inits)
+@pytest.mark.parametrize(
+    "op, gates, direction",
+    [
+        ("LSTM", 4, "forward"),
+        ("LSTM", 4, "bidirectional"),
+        ("GRU", 3, "reverse"),
+        ("RNN", 1, "bidirectional"),
+    ],
+)
+def test_sequence_lens_masks_steps_past_each_sequence(op: str, gates: int, direction: str) -> None:
+    """Padded batches: a sequence keeps its states past its length and its outputs there are
+    zeros; the reverse direction starts at each sequence's own last step."""
+    t, b, i, h = 5, 3, 4, 6
+    dirs = 2 if direction == "bidirectional" else 1
+    inits = {
+        "w": randn(dirs, gates * h, i, seed=2) * 0.5,
+        "r": randn(dirs, gates * h, h, seed=3) * 0.5,
+        "b": randn(dirs, 2 * gates * h, seed=4) * 0.5,
+    }
+    feeds = {"x": randn(t, b, i, seed=1), "lens": np.array([5, 3, 1], np.int32)}
+    feeds["h0"] = randn(dirs, b, h, seed=5)
+    names, outs = ["x", "w", "r", "b", "lens", "h0"], ["y", "yh"]
+    if op == "LSTM":
+        feeds["c0"] = randn(dirs, b, h, seed=6)
+        names.append("c0")
+        outs.append("yc")
+    node = helper.make_node(op, names, outs, hidden_size=h, direction=direction)
+    model = make_model([node], feeds, outs, inits)
     assert model.graph.input[1].type.tensor_type.elem_type == TensorProto.INT32
-    with pytest.raises(ember.UnsupportedOpError, match="sequence_lens"):
-        ember.compile_onnx(model)
+    compiled = ember.compile_onnx(model)
+    check(model, feeds, compiled=compiled, **TOL)
+    # One compiled model serves other lengths: they are values, not shapes.
+    check(model, {**feeds, "lens": np.array([2, 5, 4], np.int32)}, compiled=compiled, **TOL)
+
+
+class _Packed(torch.nn.Module):
+    """A bidirectional LSTM over a padded batch, packed by length (unsorted lengths)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(4, 6, bidirectional=True)
+
+    def forward(self, x: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lens, enforce_sorted=False)
+        y, (h, c) = self.rnn(packed)
+        y, _ = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])
+        return y, h, c
+
+
+def test_a_packed_sequence_exported_by_torch_matches_eager() -> None:
+    """TorchScript's exporter writes `pack_padded_sequence` as the LSTM's sequence_lens."""
+    torch.manual_seed(0)
+    model = _Packed().eval()
+    x, lens = torch.randn(5, 3, 4), torch.tensor([5, 3, 1])
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x, lens), buffer, dynamo=False, input_names=["x", "lens"])
+    written = onnx.load_from_string(buffer.getvalue())
+    assert "LSTM" in {n.op_type for n in written.graph.node}
+    compiled = ember.compile_onnx(written)
+    for lengths in ([5, 3, 1], [2, 5, 4]):
+        lens = torch.tensor(lengths)
+        got = compiled(x=x.numpy(), lens=lens.numpy())
+        with torch.no_grad():
+            want = model(x, lens)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w.numpy(), **TOL)

@@ -1,12 +1,14 @@
 //! Recurrent layers: `LSTM`, `GRU` and `RNN`, unrolled over a sequence length known at
 //! compile time. The input projection of every step is one product (`X · Wᵀ + biases`), then
 //! each step adds `H · Rᵀ` and applies the gates; forward, reverse and bidirectional, both
-//! layouts, initial states, LSTM peepholes, `clip` and the standard activations.
+//! layouts, initial states, LSTM peepholes, `clip`, the standard activations and
+//! `sequence_lens` (steps past a sequence's length are masked).
 
 use super::{bin, scalar, Handler};
 use crate::dim::Dim;
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::Result;
+use crate::frontend::builder::Operand;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
 use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
@@ -67,9 +69,6 @@ fn recurrent(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         "GRU" => Kind::Gru,
         _ => Kind::Rnn,
     };
-    if n.input(4).is_some() {
-        return Err(n.unsupported("sequence_lens (sequences of different lengths in a batch)"));
-    }
     if kind == Kind::Lstm && n.int("input_forget", 0)? != 0 {
         return Err(n.unsupported("input_forget=1 (coupled input and forget gates)"));
     }
@@ -130,6 +129,10 @@ fn recurrent(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     };
     let r = ctx.input(n, 2)?;
     let bias = ctx.opt_input(n, 3)?;
+    let lens = match ctx.opt_input(n, 4)? {
+        Some(v) => Some(sequence_lens(ctx, n, v, &layer.batch)?),
+        None => None,
+    };
     // Initial states are [dirs, B, H] ([B, dirs, H] in layout 1).
     let mut states = [ctx.opt_input(n, 5)?, ctx.opt_input(n, 6)?];
     for s in states.iter_mut().filter(|_| layout == 1) {
@@ -169,6 +172,7 @@ fn recurrent(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             hd,
             cd,
             pd,
+            lens,
             acts,
         )?;
         ys.push(y);
@@ -262,6 +266,20 @@ fn block(ctx: &mut Ctx, v: ValueId, k: i64, hidden: i64) -> Result<ValueId> {
     )
 }
 
+/// `sequence_lens` ([batch] integers) as a [batch, 1] column that broadcasts over a state.
+fn sequence_lens(ctx: &mut Ctx, n: &Node, v: ValueId, batch: &Dim) -> Result<ValueId> {
+    let ty = ctx.b.ty(v).clone();
+    let fits = ty.shape.len() == 1 && ty.shape[0].provably_equal(batch) != Some(false);
+    if !ty.dtype.is_int() || !fits {
+        return Err(n.err(format!(
+            "sequence_lens must be integers of shape [{batch}], got {}{}",
+            ty.dtype,
+            crate::dim::format_shape(&ty.shape)
+        )));
+    }
+    ctx.b.reshape(v, vec![batch.clone(), Dim::Const(1)])
+}
+
 /// One direction over every step: its outputs `[T, 1, B, H]`, last hidden and cell states
 /// `[1, B, H]` (the cell state only for LSTM; the hidden state again otherwise).
 #[allow(clippy::too_many_arguments)]
@@ -277,6 +295,7 @@ fn run_direction(
     h0: Option<ValueId>,
     c0: Option<ValueId>,
     peep: Option<ValueId>,
+    lens: Option<ValueId>,
     acts: &[Act],
 ) -> Result<(ValueId, ValueId, ValueId)> {
     let (hd, g) = (l.hidden, l.kind.gates() as i64);
@@ -348,6 +367,7 @@ fn run_direction(
         true => (0..steps).rev().collect(),
     };
     for t in order {
+        let (h_before, c_before) = (h, c);
         let xt = ctx.b.slice(xw, 0, Dim::Const(t), Dim::Const(t + 1), 1)?;
         let xt = ctx
             .b
@@ -423,9 +443,34 @@ fn run_direction(
                 h = act(ctx, acts[0], s)?;
             }
         }
+        let mut y = h;
+        if let Some(lens) = lens {
+            // Past its length a sequence keeps its states and outputs zeros; a reverse
+            // direction starts at each sequence's own last step.
+            let valid = ctx.b.binary_in(
+                BinaryOp::Gt,
+                Operand::Tensor(lens),
+                Operand::Scalar(Scalar::Int(t)),
+                DType::I64,
+            )?;
+            h = ctx
+                .b
+                .where_(valid, Operand::Tensor(h), Operand::Tensor(h_before))?;
+            if l.kind == Kind::Lstm {
+                c = ctx
+                    .b
+                    .where_(valid, Operand::Tensor(c), Operand::Tensor(c_before))?;
+            }
+            y = ctx.b.where_(
+                valid,
+                Operand::Tensor(h),
+                Operand::Scalar(Scalar::Float(0.0)),
+            )?;
+            y = ctx.b.cast(y, l.dtype)?;
+        }
         let mut one_step = vec![Dim::Const(1), Dim::Const(1)];
         one_step.extend(state.iter().cloned());
-        outs[t as usize] = Some(ctx.b.reshape(h, one_step)?);
+        outs[t as usize] = Some(ctx.b.reshape(y, one_step)?);
     }
     let outs: Vec<ValueId> = outs.into_iter().flatten().collect();
     let y = ctx.b.op(Op::Concat { axis: 0 }, &outs)?;
