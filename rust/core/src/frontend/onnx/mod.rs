@@ -1,10 +1,11 @@
 //! The ONNX frontend: decodes a `ModelProto` and builds an IR graph.
 //!
 //! `proto` declares the protobuf messages, `tensor` and `external` read tensor payloads,
-//! `node` gives typed attribute access, `known` folds shape arithmetic into IR dims,
+//! `node` gives typed attribute access, `functions` inlines model-local functions, `known` folds shape arithmetic into IR dims,
 //! `translate` walks the graph, and `ops/` holds one file per family of ONNX ops.
 
 mod external;
+mod functions;
 mod known;
 mod node;
 mod ops;

@@ -19,14 +19,27 @@ pub struct ModelProto {
     pub functions: Vec<FunctionProto>,
 }
 
-/// Only the name and domain of a model-local function: Ember reports calls to them as
-/// unsupported instead of inlining them.
+/// A model-local function: Ember inlines its body at each call.
 #[derive(Clone, PartialEq, Message)]
 pub struct FunctionProto {
     #[prost(string, optional, tag = "1")]
     pub name: Option<String>,
     #[prost(string, optional, tag = "10")]
     pub domain: Option<String>,
+    #[prost(string, optional, tag = "13")]
+    pub overload: Option<String>,
+    #[prost(string, repeated, tag = "4")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "5")]
+    pub output: Vec<String>,
+    /// Attributes without defaults, by name.
+    #[prost(string, repeated, tag = "6")]
+    pub attribute: Vec<String>,
+    /// Attributes with defaults.
+    #[prost(message, repeated, tag = "11")]
+    pub attribute_proto: Vec<AttributeProto>,
+    #[prost(message, repeated, tag = "7")]
+    pub node: Vec<NodeProto>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -76,6 +89,9 @@ pub struct NodeProto {
     pub domain: Option<String>,
     #[prost(message, repeated, tag = "5")]
     pub attribute: Vec<AttributeProto>,
+    /// Which overload of a model-local function the node calls.
+    #[prost(string, optional, tag = "8")]
+    pub overload: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]

@@ -47,6 +47,7 @@ fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
         op_type: Some(op.into()),
         domain: None,
         attribute: vec![],
+        overload: None,
     }
 }
 

@@ -2,11 +2,12 @@
 //! weights (small ones as constants), one handler per node, outputs checked against the
 //! types the model declares.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use super::external::ExternalData;
+use super::functions::{self, Functions};
 use super::known::{self, Known};
 use super::node::Node;
 use super::ops;
@@ -86,7 +87,13 @@ pub struct Ctx {
     /// Where external tensor data lives (initializers of subgraphs are read as translated).
     ext: ExternalData,
     opset: i64,
+    functions: Arc<Functions>,
+    /// How many function calls enclose the node being translated.
+    call_depth: usize,
 }
+
+/// Function calls nest at most this deep (deeper means a recursive function).
+const MAX_CALL_DEPTH: usize = 64;
 
 /// `(q - zero) · scale`: a float value dequantized from the 8-bit integers `q`, its scale
 /// and zero point shaped to broadcast against `q` (0-d per tensor).
@@ -324,9 +331,15 @@ impl Ctx {
     /// Translates one node and binds its outputs.
     fn run_node(&mut self, n: &Node) -> Result<()> {
         self.b.origin = n.name.clone();
-        let handler =
-            ops::handler_in(n.proto.domain.as_deref(), n.op).expect("checked by check_supported");
-        let outs = handler(self, n).map_err(|e| in_node(e, n))?;
+        let functions = self.functions.clone();
+        let outs = match functions.called_by(n.proto) {
+            Some(f) => self.call(f, n)?,
+            None => {
+                let handler = ops::handler_in(n.proto.domain.as_deref(), n.op)
+                    .expect("checked by check_supported");
+                handler(self, n).map_err(|e| in_node(e, n))?
+            }
+        };
         for (k, name) in n.proto.output.iter().enumerate() {
             if name.is_empty() {
                 continue;
@@ -360,7 +373,6 @@ impl Ctx {
         if !graph.sparse_initializer.is_empty() {
             return Err(parent.unsupported("its subgraph has a sparse initializer"));
         }
-        let origin = self.b.origin.clone();
         let defined: Vec<&str> = graph
             .input
             .iter()
@@ -372,29 +384,80 @@ impl Ctx {
                     .iter()
                     .flat_map(|n| n.output.iter().map(String::as_str)),
             )
-            .filter(|s| !s.is_empty())
             .collect();
+        self.scoped(&defined, |ctx| {
+            for (vi, v) in graph.input.iter().zip(inputs) {
+                ctx.values.insert(vi.name.clone().unwrap_or_default(), v);
+            }
+            ctx.bind_initializers(&graph.initializer)?;
+            for (i, proto) in graph.node.iter().enumerate() {
+                let n = Node::new(proto, i, ctx.opset);
+                let name = format!("{}/{label}/{}", parent.name, n.name);
+                ctx.run_node(&n.named(name))?;
+            }
+            graph
+                .output
+                .iter()
+                .map(|vi| ctx.val(vi.name.as_deref().unwrap_or("")))
+                .collect::<Result<Vec<_>>>()
+                .map_err(|e| in_node(e, parent))
+        })
+    }
+
+    /// Inlines a call `n` of the model-local function `f`: its outputs.
+    fn call(&mut self, f: &proto::FunctionProto, n: &Node) -> Result<Vec<Val>> {
+        if self.call_depth >= MAX_CALL_DEPTH {
+            return Err(n.unsupported(format!(
+                "function calls nest deeper than {MAX_CALL_DEPTH} (a recursive function)"
+            )));
+        }
+        let body = functions::instantiate(f, n.proto, &n.name)?;
+        let inputs = (0..f.input.len())
+            .map(|k| n.input(k).map(|name| self.val(name)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let defined: Vec<&str> = f
+            .input
+            .iter()
+            .chain(body.iter().flat_map(|b| b.output.iter()))
+            .map(String::as_str)
+            .collect();
+        self.call_depth += 1;
+        let outs = self.scoped(&defined, |ctx| {
+            for (name, v) in f.input.iter().zip(inputs) {
+                if let Some(v) = v {
+                    ctx.values.insert(name.clone(), v);
+                }
+            }
+            for (i, proto) in body.iter().enumerate() {
+                let inner = Node::new(proto, i, ctx.opset);
+                let name = format!("{}/{}", n.name, inner.name);
+                ctx.run_node(&inner.named(name))?;
+            }
+            f.output
+                .iter()
+                .take(n.num_outputs())
+                .map(|name| ctx.val(name))
+                .collect::<Result<Vec<_>>>()
+        });
+        self.call_depth -= 1;
+        outs
+    }
+
+    /// Runs `body` with the names in `defined` unbound again afterwards (restored where they
+    /// shadowed a value): a subgraph or function body sees outer values but its own names do
+    /// not leak, so a loop body translates once per iteration.
+    fn scoped<T>(
+        &mut self,
+        defined: &[&str],
+        body: impl FnOnce(&mut Ctx) -> Result<T>,
+    ) -> Result<T> {
+        let origin = self.b.origin.clone();
         let shadowed: Vec<(String, Option<Val>)> = defined
             .iter()
+            .filter(|s| !s.is_empty())
             .map(|&s| (s.to_owned(), self.values.get(s).cloned()))
             .collect();
-
-        for (vi, v) in graph.input.iter().zip(inputs) {
-            self.values.insert(vi.name.clone().unwrap_or_default(), v);
-        }
-        self.bind_initializers(&graph.initializer)?;
-        for (i, proto) in graph.node.iter().enumerate() {
-            let n = Node::new(proto, i, self.opset);
-            let name = format!("{}/{label}/{}", parent.name, n.name);
-            self.run_node(&n.named(name))?;
-        }
-        let outs = graph
-            .output
-            .iter()
-            .map(|vi| self.val(vi.name.as_deref().unwrap_or("")))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| in_node(e, parent))?;
-
+        let out = body(self)?;
         for (name, old) in shadowed {
             match old {
                 Some(v) => self.values.insert(name, v),
@@ -402,7 +465,7 @@ impl Ctx {
             };
         }
         self.b.origin = origin;
-        Ok(outs)
+        Ok(out)
     }
 }
 
@@ -457,36 +520,37 @@ fn is_onnx_domain(d: Option<&str>) -> bool {
     matches!(d, None | Some("") | Some("ai.onnx"))
 }
 
-/// The nodes inside the subgraphs of `n` (If branches, Loop and Scan bodies), at any depth,
-/// named by their path, so that the up-front check sees every op a model runs.
-fn nested_nodes<'a>(n: &Node<'a>, opset: i64, out: &mut Vec<Node<'a>>) {
-    if !ops::control::reads_subgraphs(n.op) {
-        return;
+/// The nodes inside the subgraphs of `n` (If branches, Loop and Scan bodies) and, when it
+/// calls a model-local function, that function's body, at any depth, named by their path,
+/// so that the up-front check sees every op a model runs.
+fn nested_nodes<'a>(n: &Node<'a>, fns: &'a Functions, depth: usize, out: &mut Vec<Node<'a>>) {
+    if depth > MAX_CALL_DEPTH {
+        return; // a recursive function; translating the call reports it
     }
-    for a in &n.proto.attribute {
-        let Some(g) = a.g.as_deref() else { continue };
-        for (i, inner) in g.node.iter().enumerate() {
-            let inner = Node::new(inner, i, opset);
+    let bodies: Vec<&'a [proto::NodeProto]> = match fns.called_by(n.proto) {
+        Some(f) => vec![&f.node],
+        None if ops::control::reads_subgraphs(n.op) => n
+            .proto
+            .attribute
+            .iter()
+            .filter_map(|a| a.g.as_deref())
+            .map(|g| g.node.as_slice())
+            .collect(),
+        None => return,
+    };
+    for body in bodies {
+        for (i, inner) in body.iter().enumerate() {
+            let inner = Node::new(inner, i, n.opset);
             let name = format!("{}/{}", n.name, inner.name);
             let inner = inner.named(name);
             out.push(inner.clone());
-            nested_nodes(&inner, opset, out);
+            nested_nodes(&inner, fns, depth + 1, out);
         }
     }
 }
 
 /// Rejects the whole graph up front when any node is unsupported, naming all such ops.
-fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
-    let local: BTreeSet<(String, String)> = model
-        .functions
-        .iter()
-        .map(|f| {
-            (
-                f.domain.clone().unwrap_or_default(),
-                f.name.clone().unwrap_or_default(),
-            )
-        })
-        .collect();
+fn check_supported(nodes: &[Node], fns: &Functions) -> Result<()> {
     let mut bad: Vec<(String, &Node, String)> = Vec::new();
     for n in nodes {
         let domain = n.proto.domain.as_deref();
@@ -495,8 +559,8 @@ fn check_supported(model: &ModelProto, nodes: &[Node]) -> Result<()> {
         } else {
             format!("{}::{}", domain.unwrap_or(""), n.op)
         };
-        let why = if local.contains(&(domain.unwrap_or("").to_owned(), n.op.to_owned())) {
-            "calls to model-local functions are not supported".to_owned()
+        let why = if fns.called_by(n.proto).is_some() {
+            continue;
         } else if domain == Some(ops::MICROSOFT) {
             if ops::handler_in(domain, n.op).is_some() {
                 continue;
@@ -603,12 +667,13 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         .enumerate()
         .map(|(i, n)| Node::new(n, i, opset))
         .collect();
+    let functions = Arc::new(Functions::new(&model.functions));
     let mut all = Vec::new();
     for n in &nodes {
         all.push(n.clone());
-        nested_nodes(n, opset, &mut all);
+        nested_nodes(n, &functions, 0, &mut all);
     }
-    check_supported(model, &all)?;
+    check_supported(&all, &functions)?;
 
     let mut ctx = Ctx {
         b: Builder::new(),
@@ -619,6 +684,8 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         weight_ids: HashMap::new(),
         ext: ext.clone(),
         opset,
+        functions: functions.clone(),
+        call_depth: 0,
     };
 
     // Initializers first: a graph input with an initializer of the same name is a weight
