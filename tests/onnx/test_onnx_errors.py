@@ -241,6 +241,15 @@ def test_initializer_model_saved_as_file(tmp_path) -> None:
     check(model, {"a": X}, compiled=ember.compile_onnx(path))
 
 
+def test_batched_gather_nd_index_past_its_batch_is_an_error() -> None:
+    # Row 4 of batch 0 does not exist (dim 1 has 4); it must not read batch 1's row 0.
+    i = np.array([[[4]], [[0]], [[1]]], np.int64)
+    model = single("GatherND", {"x": randn(3, 4, 5)}, {"batch_dims": 1}, initializers={"i": i})
+    runner = ember.compile_onnx(model)
+    with pytest.raises(ember.EmberError, match="out of range"):
+        runner(randn(3, 4, 5))
+
+
 def test_gather_nd_index_out_of_range_is_an_error() -> None:
     # [0, 7] is out of range for dim 1 (size 4) although 0 * 4 + 7 is a valid flat row.
     model = single("GatherND", {"x": randn(3, 4, 5)}, initializers={"i": np.array([[0, 7]])})

@@ -171,6 +171,13 @@ CASES: dict[str, Callable[[], tuple]] = {
         "Einsum", randn(2, 3, 4, 5), randn(2, 3, 6, 5, seed=1), equation="bhqd,bhkd->bhqk"
     ),
     "Einsum_transpose": unary("Einsum", randn(3, 4), equation="ij->ji"),
+    "Einsum_diagonal": unary("Einsum", randn(4, 4), equation="ii->i"),
+    "Einsum_trace": unary("Einsum", randn(4, 4), equation="ii"),
+    "Einsum_batch_diagonal": unary("Einsum", randn(2, 3, 5, 3), equation="biji->bji"),
+    "Einsum_triple_diagonal": unary("Einsum", randn(3, 2, 3, 3), equation="ijii->ji"),
+    "Einsum_diagonal_product": binary(
+        "Einsum", randn(3, 4, 3), randn(4, 5, seed=1), equation="iji,jk->ik"
+    ),
     "Einsum_sum": unary("Einsum", randn(3, 4), equation="ij->i"),
     "Einsum_implicit_dot": binary("Einsum", randn(6), randn(6, seed=1), equation="i,i"),
     "Einsum_ellipsis": binary(
@@ -299,6 +306,12 @@ CASES: dict[str, Callable[[], tuple]] = {
     "GatherND": with_consts("GatherND", X, {"i": ints(2, 2, low=-3, high=3)}),
     "GatherND_full": with_consts(
         "GatherND", X, {"i": np.array([[0, 1, 2], [2, -1, -5]], np.int64)}
+    ),
+    "GatherND_batch1": with_consts(
+        "GatherND", X, {"i": ints(3, 2, 1, low=-4, high=4)}, {"batch_dims": 1}
+    ),
+    "GatherND_batch2": with_consts(
+        "GatherND", X, {"i": ints(3, 4, 2, 1, low=-5, high=5)}, {"batch_dims": 2}
     ),
     "OneHot": lambda: (
         single(

@@ -1,11 +1,11 @@
-//! Indexing: Gather, GatherElements, GatherND (as a linearized Gather), OneHot (as a
+//! Indexing: Gather, GatherElements, GatherND (as a linearized Gather; batch dims merged), OneHot (as a
 //! comparison with an iota) and CumSum. Backends wrap negative indices and reject
 //! out-of-range ones at run time.
 
 use super::{axis, one, Handler};
 use crate::dim::{numel, Dim};
 use crate::dtype::{DType, Scalar};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::onnx::known::Known;
 use crate::frontend::onnx::node::Node;
@@ -169,17 +169,96 @@ fn flat_rows(ctx: &mut Ctx, n: &Node, idx: ValueId, xs: &[Dim]) -> Result<(Value
 }
 
 fn gather_nd(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    if n.int("batch_dims", 0)? != 0 {
-        return Err(n.unsupported("batch_dims > 0"));
-    }
     let x = ctx.input(n, 0)?;
     let idx = ctx.input(n, 1)?;
     let xs = ctx.b.shape(x);
+    let batch_dims = n.int("batch_dims", 0)?;
+    if batch_dims != 0 {
+        return gather_nd_batched(ctx, n, x, idx, batch_dims);
+    }
     let (flat, rows, k) = flat_rows(ctx, n, idx, &xs)?;
     let mut data_shape = vec![rows];
     data_shape.extend(xs[k..].iter().cloned());
     let data = ctx.b.reshape(x, data_shape)?;
     one(ctx.b.op(Op::IndexSelect { axis: 0 }, &[data, flat])?)
+}
+
+/// GatherND whose first `batch_dims` dims of data and indices pair up: each batch's index
+/// tuples address that batch's rows. The batches are merged into one dim and each row number
+/// offset by its batch's first row, so it is one `IndexSelect` as without batch dims.
+fn gather_nd_batched(
+    ctx: &mut Ctx,
+    n: &Node,
+    x: ValueId,
+    idx: ValueId,
+    batch_dims: i64,
+) -> Result<Vec<Val>> {
+    let (xs, is) = (ctx.b.shape(x), ctx.b.shape(idx));
+    let b = usize::try_from(batch_dims)
+        .ok()
+        .filter(|&b| b < xs.len() && b < is.len())
+        .ok_or_else(|| {
+            n.err(format!(
+                "batch_dims {batch_dims} must be below the ranks of data ({}) and indices ({})",
+                xs.len(),
+                is.len()
+            ))
+        })?;
+    if let Some(k) = (0..b).find(|&k| xs[k].provably_equal(&is[k]) == Some(false)) {
+        return Err(Error::Shape(format!(
+            "GatherND node '{}': batch dim {k} is {} in data and {} in indices",
+            n.name, xs[k], is[k]
+        )));
+    }
+    let batches = numel(&xs[..b]);
+    let mut data_shape = vec![batches.clone()];
+    data_shape.extend(xs[b..].iter().cloned());
+    let data = ctx.b.reshape(x, data_shape)?;
+    let mut idx_shape = vec![batches.clone()];
+    idx_shape.extend(is[b..].iter().cloned());
+    let idx = ctx.b.reshape(idx, idx_shape)?;
+    // Row numbers within each batch; an invalid tuple is `rows` (one past the end).
+    let (flat, rows, k) = flat_rows(ctx, n, idx, &xs[b..])?;
+    let per_batch = ctx.b.dim_value(&rows, DType::I64)?;
+    let iota = ctx.b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(1),
+        },
+        crate::ir::TensorType::new(DType::I64, vec![batches.clone()]),
+    )?;
+    let mut column = vec![Dim::Const(1); ctx.b.rank(flat)];
+    column[0] = batches.clone();
+    let iota = ctx.b.reshape(iota, column)?;
+    let first_row = ctx.b.binary(
+        BinaryOp::Mul,
+        Operand::Tensor(iota),
+        Operand::Tensor(per_batch),
+    )?;
+    let offset = ctx.b.binary(
+        BinaryOp::Add,
+        Operand::Tensor(flat),
+        Operand::Tensor(first_row),
+    )?;
+    // Keep invalid tuples past the end of all rows, not in the next batch.
+    let total = Dim::binary(crate::dim::DimOp::Mul, batches.clone(), rows.clone());
+    let past_end = ctx.b.dim_value(&total, DType::I64)?;
+    let invalid = ctx.b.binary(
+        BinaryOp::Eq,
+        Operand::Tensor(flat),
+        Operand::Tensor(per_batch),
+    )?;
+    let flat = ctx
+        .b
+        .where_(invalid, Operand::Tensor(past_end), Operand::Tensor(offset))?;
+    let mut rows_shape = vec![total];
+    rows_shape.extend(xs[b + k..].iter().cloned());
+    let data = ctx.b.reshape(data, rows_shape)?;
+    let picked = ctx.b.op(Op::IndexSelect { axis: 0 }, &[data, flat])?;
+    let mut out = xs[..b].to_vec();
+    out.extend(is[b..is.len() - 1].iter().cloned());
+    out.extend(xs[b + k..].iter().cloned());
+    one(ctx.b.reshape(picked, out)?)
 }
 
 fn reduction(n: &Node) -> Result<ScatterReduce> {

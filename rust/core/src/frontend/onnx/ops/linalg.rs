@@ -192,13 +192,11 @@ fn einsum(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     super::elementwise::same_dtype(ctx, n, &ids)?;
     let ranks: Vec<usize> = ids.iter().map(|&v| ctx.b.rank(v)).collect();
     let (labels, output) = parse_equation(n, &eq, &ranks)?;
-    for (k, l) in labels.iter().enumerate() {
-        let mut s = l.clone();
-        s.sort_unstable();
-        s.dedup();
-        if s.len() != l.len() {
-            return Err(n.unsupported(format!("operand {k} repeats a label (diagonals) in '{eq}'")));
-        }
+    // An operand that repeats a label contributes its diagonal over those axes.
+    let mut ids = ids;
+    let mut labels = labels;
+    for (v, l) in ids.iter_mut().zip(labels.iter_mut()) {
+        (*v, *l) = diagonal(ctx, n, *v, l)?;
     }
     // The size of each label: a 1 broadcasts against a larger size.
     let mut sizes: BTreeMap<char, Dim> = BTreeMap::new();
@@ -233,6 +231,52 @@ fn einsum(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         .map(|c| t.labels.iter().position(|x| x == c).expect("kept"))
         .collect();
     one(ctx.b.permute(t.v, perm)?)
+}
+
+/// The diagonal of `v` over the axes that share a label (`ii -> i`), its labels then each
+/// label once: those axes move last and merge, and a strided slice picks the elements whose
+/// indices agree (for `m` axes of size `s`, every `1 + s + … + s^(m-1)`-th).
+fn diagonal(ctx: &mut Ctx, n: &Node, v: ValueId, labels: &[char]) -> Result<(ValueId, Vec<char>)> {
+    let (mut v, mut labels) = (v, labels.to_vec());
+    while let Some(c) = labels
+        .iter()
+        .copied()
+        .find(|c| labels.iter().filter(|x| *x == c).count() > 1)
+    {
+        let shape = ctx.b.shape(v);
+        let (same, others): (Vec<usize>, Vec<usize>) =
+            (0..labels.len()).partition(|&i| labels[i] == c);
+        let size = shape[same[0]].as_const().ok_or_else(|| {
+            n.unsupported(format!(
+                "label '{c}' repeats over a symbolic size {}; a diagonal needs a constant one",
+                shape[same[0]]
+            ))
+        })?;
+        if same.iter().any(|&i| shape[i].as_const() != Some(size)) {
+            return Err(n.err(format!("label '{c}' repeats over axes of different sizes")));
+        }
+        let perm: Vec<usize> = others.iter().chain(&same).copied().collect();
+        let moved = ctx.b.permute(v, perm)?;
+        let m = same.len() as u32;
+        let total = size
+            .checked_pow(m)
+            .ok_or_else(|| n.err(format!("the diagonal over label '{c}' is too large")))?;
+        let step = if size <= 1 {
+            1
+        } else {
+            (total - 1) / (size - 1)
+        };
+        let mut merged: Vec<Dim> = others.iter().map(|&i| shape[i].clone()).collect();
+        merged.push(Dim::Const(total));
+        let flat = ctx.b.reshape(moved, merged)?;
+        let axis = others.len();
+        v = ctx
+            .b
+            .slice(flat, axis, Dim::Const(0), Dim::Const(total), step)?;
+        labels = others.iter().map(|&i| labels[i]).collect();
+        labels.push(c);
+    }
+    Ok((v, labels))
 }
 
 /// Sums over the labels of `t` that `keep` does not mention.
