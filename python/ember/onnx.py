@@ -18,7 +18,7 @@ import torch
 
 from ember import _core
 from ember.compiled import CompiledModel
-from ember.errors import InputError
+from ember.errors import CompileError, InputError
 from ember.options import Options
 
 _NUMPY_DTYPES = {
@@ -34,8 +34,56 @@ _NUMPY_DTYPES = {
 }
 
 
+# The oldest ai.onnx opset the Rust frontend reads; older models are upgraded first.
+MIN_OPSET = 13
+
+
 def load_program(model: Any) -> Any:
-    """Translates ``model`` into an (uncompiled) ``_core.Program``."""
+    """Translates ``model`` into an (uncompiled) ``_core.Program``. A model of an ai.onnx
+    opset older than 13 is first converted to opset 13 by ``onnx.version_converter`` (when
+    the ``onnx`` package is installed), as ONNX Runtime runs old models too."""
+    try:
+        return _load(model)
+    except CompileError as error:
+        upgraded = _upgraded(model, error)
+        if upgraded is None:
+            raise
+        return _core.load_onnx(data=upgraded)
+
+
+def _upgraded(model: Any, error: CompileError) -> bytes | None:
+    """``model`` converted to opset 13 when it is older, else None. Conversion failures
+    raise ``CompileError`` naming the converter's complaint."""
+    try:
+        import onnx
+        from onnx import version_converter
+    except ImportError:
+        return None
+    try:
+        if isinstance(model, (str, os.PathLike)):
+            proto = onnx.load(os.fspath(model))  # external data included
+        elif isinstance(model, (bytes, bytearray, memoryview)):
+            proto = onnx.load_from_string(bytes(model))
+        elif isinstance(model, onnx.ModelProto):
+            proto = model
+        else:
+            return None
+    except Exception:  # not decodable by onnx either: the original error says why
+        return None
+    opsets = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
+    if not opsets or max(opsets) >= MIN_OPSET:
+        return None
+    try:
+        converted = version_converter.convert_version(proto, MIN_OPSET)
+        return converted.SerializeToString()
+    except Exception as convert_error:
+        raise CompileError(
+            f"ONNX opset {max(opsets)} is older than Ember reads ({MIN_OPSET} to 25), and "
+            f"onnx.version_converter could not convert it to {MIN_OPSET}: {convert_error}"
+        ) from error
+
+
+def _load(model: Any) -> Any:
     if isinstance(model, (str, os.PathLike)):
         return _core.load_onnx(path=os.fspath(model))
     if isinstance(model, (bytes, bytearray, memoryview)):
