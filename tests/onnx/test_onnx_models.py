@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx_util import check, make_model, randn
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -128,6 +128,47 @@ def test_symbolic_shape_arithmetic_runs_at_two_sizes() -> None:
         check(model, {"x": randn(batch, 4, 6, seed=batch)}, compiled=runner)
     with pytest.raises(ember.InputError):
         runner(randn(3, 5, 6))
+
+
+def test_sizes_computed_from_constants_by_float_math_or_2d_detours_are_folded() -> None:
+    """Exporters compute static sizes in ways shape folding does not follow: a reshape's
+    size as `Cast(Ceil(Div(Cast(n, float), k)) * k)` (MobileViT) and Pad's pads through a
+    2-d reshape, reversed slice and transpose (torch's `F.pad`, Swin). Everything behind
+    them is constant, so the interpreter evaluates them while translating."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    nodes = [
+        # size = ceil(6 / 4) * 4 = 8, computed in float.
+        helper.make_node("Cast", ["six"], ["six_f"], to=f),
+        helper.make_node("Div", ["six_f", "four_f"], ["q"]),
+        helper.make_node("Ceil", ["q"], ["c"]),
+        helper.make_node("Mul", ["c", "four_f"], ["size_f"]),
+        helper.make_node("Cast", ["size_f"], ["size"], to=i64),
+        # torch's pad list (0, size - 6, 0, 0) turned into ONNX pads through 2-d, as its
+        # exporter writes it.
+        helper.make_node("Sub", ["size", "six"], ["extra"]),
+        helper.make_node("Concat", ["zero1", "extra", "zeros2"], ["flat"], axis=0),
+        helper.make_node("Reshape", ["flat", "pairs"], ["p2"]),
+        helper.make_node("Slice", ["p2", "m1", "big", "zero1", "m1"], ["rev"]),
+        helper.make_node("Transpose", ["rev"], ["t"], perm=[1, 0]),
+        helper.make_node("Reshape", ["t", "m1"], ["pads"]),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        helper.make_node("Concat", ["three", "size"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["padded", "shape"], ["y"]),
+    ]
+    inits = {
+        "six": np.array([6], np.int64),
+        "four_f": np.array([4.0], np.float32),
+        "zeros2": np.array([0, 0], np.int64),
+        "zero1": np.array([0], np.int64),
+        "pairs": np.array([2, 2], np.int64),
+        "m1": np.array([-1], np.int64),
+        "big": np.array([-(2**62)], np.int64),
+        "three": np.array([3], np.int64),
+    }
+    x = randn(3, 6)
+    model = make_model(nodes, {"x": x}, ["y"], inits)
+    got = check(model, {"x": x})
+    assert got[0].shape == (3, 8)
 
 
 def test_torchscript_export_shape_chains(block, tmp_path) -> None:

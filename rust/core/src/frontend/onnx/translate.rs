@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::external::ExternalData;
+use super::fold;
 use super::functions::{self, Functions};
 use super::known::{self, Known};
 use super::node::Node;
@@ -252,7 +253,11 @@ impl Ctx {
 
     /// Values of input `k` that must be known at compile time (a shape, axes, pads).
     pub fn known_required(&self, n: &Node, k: usize, what: &str) -> Result<Known> {
-        self.known(n, k).ok_or_else(|| {
+        let computed = || {
+            let id = self.values.get(n.input(k)?)?.id?;
+            fold::constant_value(&self.b.g, id)
+        };
+        self.known(n, k).or_else(computed).ok_or_else(|| {
             n.unsupported(format!(
                 "its {what} (input {k}) is computed at run time; Ember needs it at compile time"
             ))

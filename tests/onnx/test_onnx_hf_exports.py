@@ -1,0 +1,76 @@
+"""Hugging Face models (small random configs, nothing downloaded) exported by torch's
+TorchScript ONNX exporter, compiled by Ember and compared with ONNX Runtime. These exports
+compute static sizes by routes plain shape folding does not follow (Swin's window padding,
+MobileViT's patch sizes through float `ceil`)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import ember
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx_util import ort_run
+
+transformers = pytest.importorskip("transformers")
+
+
+class FirstOutput(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+def swin() -> torch.nn.Module:
+    config = transformers.SwinConfig(
+        image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4
+    )
+    return transformers.SwinModel(config)
+
+
+def mobilevit() -> torch.nn.Module:
+    config = transformers.MobileViTConfig(
+        image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32]
+    )
+    return transformers.MobileViTModel(config)
+
+
+def lively(model: torch.nn.Module) -> torch.nn.Module:
+    """Hugging Face's initialization scales norms by ~0.02, so a random MobileViT's output
+    decays to zeros; unit norms and He-initialized weights keep activations of order one,
+    so the comparison means something."""
+    for m in model.modules():
+        if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.LayerNorm, torch.nn.GroupNorm)):
+            torch.nn.init.ones_(m.weight)
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+            torch.nn.init.kaiming_normal_(m.weight)
+    return model
+
+
+@pytest.mark.parametrize("build", [swin, mobilevit], ids=["swin", "mobilevit"])
+def test_vision_model_exported_by_torchscript_matches_onnx_runtime(
+    build: Callable[[], Any],
+) -> None:
+    torch.manual_seed(0)
+    model = FirstOutput(lively(build()).eval()).eval()
+    x = torch.randn(2, 3, 32, 32)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model, (x,), buffer, dynamo=False, opset_version=17, input_names=["pixel_values"]
+        )
+    written = onnx.load_from_string(buffer.getvalue())
+    feeds = {"pixel_values": x.numpy()}
+    want = ort_run(written, feeds)[0]
+    got = ember.compile_onnx(written)(**feeds)[0]
+    assert got.shape == want.shape and np.abs(want).max() > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
