@@ -74,3 +74,69 @@ def test_vision_model_exported_by_torchscript_matches_onnx_runtime(
     got = ember.compile_onnx(written)(**feeds)[0]
     assert got.shape == want.shape and np.abs(want).max() > 0.1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class TextOutput(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+SMALL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 300,
+}
+
+
+def bert() -> torch.nn.Module:
+    return transformers.BertModel(transformers.BertConfig(**SMALL))
+
+
+def gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4)
+    return transformers.GPT2Model(config)
+
+
+def llama() -> torch.nn.Module:
+    return transformers.LlamaModel(transformers.LlamaConfig(**SMALL, num_key_value_heads=2))
+
+
+@pytest.mark.parametrize("build", [bert, gpt2, llama], ids=["bert", "gpt2", "llama"])
+def test_text_model_exported_with_dynamic_axes_serves_two_sizes(
+    build: Callable[[], Any],
+) -> None:
+    """`dynamic_axes` exports spell `expand` as `Where(Equal(sizes, -1), …)` and reshapes
+    with `-1`: with a symbolic batch and length these must still fold into IR dims."""
+    torch.manual_seed(0)
+    model = TextOutput(build().eval()).eval()
+    ids = torch.randint(0, 300, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    buffer = io.BytesIO()
+    names = ["input_ids", "attention_mask"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (ids, mask),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            dynamic_axes={n: {0: "batch", 1: "seq"} for n in names},
+        )
+    written = onnx.load_from_string(buffer.getvalue())
+    compiled = ember.compile_onnx(written)
+    for batch, seq in ((2, 7), (3, 5)):
+        ids = np.random.default_rng(seq).integers(0, 300, (batch, seq))
+        mask = np.ones((batch, seq), np.int64)
+        mask[-1, seq - 2 :] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        want = ort_run(written, feeds)[0]
+        got = compiled(**feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -96,3 +96,35 @@ def test_resize_refuses_what_it_cannot_do():
     )
     with pytest.raises(ember.UnsupportedOpError, match="tf_crop_and_resize"):
         ember.compile_onnx(model)
+
+
+def test_resize_with_a_dynamic_batch_by_scales_and_by_sizes():
+    """A dynamic batch dim keeps its size (scale 1, or a size read off the input's shape as
+    exporters write it); one compiled model serves two batch sizes."""
+    from onnx import helper
+    from onnx_util import make_model
+
+    x = randn(2, 3, 4, 5)
+    by_scales = resize_model(x, scales=[1, 1, 2, 1.5], mode="linear")
+    by_scales.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], end=2),
+        helper.make_node("Concat", ["shape", "spatial"], ["sizes"], axis=0),
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
+    ]
+    by_sizes = make_model(
+        nodes,
+        {"x": x},
+        ["y"],
+        {"spatial": np.array([7, 3], np.int64)},
+        input_shapes={"x": ["batch", 3, 4, 5]},
+    )
+    for model in (by_scales, by_sizes):
+        compiled = ember.compile_onnx(model)
+        for batch in (2, 5):
+            check(model, {"x": randn(batch, 3, 4, 5, seed=batch)}, compiled=compiled, **TOL)
+    # Resizing the dynamic dim itself is refused.
+    grow_batch = resize_model(x, scales=[2, 1, 1, 1], mode="nearest")
+    grow_batch.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(ember.UnsupportedOpError, match="symbolic input shape"):
+        ember.compile_onnx(grow_batch)

@@ -139,6 +139,14 @@ impl Dim {
                     }
                 }
             }
+            // `(x·y·c1) // (y·c2)` is `x·(c1/c2)` where c2 divides c1: a reshape's `-1`
+            // computed as the element count over the other dims, which contain a symbol
+            // of the numerator (`(b·s) // s` is `b`). Exact wherever the divisor is not 0.
+            (DimOp::FloorDiv, Dim::Expr(_), _) if !b.is_const() => {
+                if let Some(q) = cancel_factors(&a, &b) {
+                    return q;
+                }
+            }
             (DimOp::FloorDiv, Dim::Expr(e), Dim::Const(d)) if *d > 0 => {
                 if let (DimOp::Mul, x, Dim::Const(c)) = &**e {
                     if *c > 0 && c % d == 0 {
@@ -152,6 +160,20 @@ impl Dim {
             _ => {}
         }
         Dim::Expr(Arc::new((op, a, b)))
+    }
+
+    /// A product as its constant factor and its other factors.
+    fn factors(&self) -> (i64, Vec<Dim>) {
+        match self {
+            Dim::Const(c) => (*c, Vec::new()),
+            Dim::Expr(e) if e.0 == DimOp::Mul => {
+                let (c1, mut f1) = e.1.factors();
+                let (c2, f2) = e.2.factors();
+                f1.extend(f2);
+                (c1.saturating_mul(c2), f1)
+            }
+            other => (1, vec![other.clone()]),
+        }
     }
 
     /// Whether the dim is provably ≥ 0 (symbols are sizes).
@@ -277,6 +299,13 @@ impl Dim {
                         lo: both(i64::checked_mul, x.lo, y.lo),
                         hi: both(i64::checked_mul, x.hi, y.hi),
                     },
+                    // Sizes over sizes: never negative (where defined).
+                    DimOp::FloorDiv if x.lo >= Some(0) && y.lo >= Some(0) && y.lo != y.hi => {
+                        Bounds {
+                            lo: Some(0),
+                            hi: x.hi,
+                        }
+                    }
                     DimOp::FloorDiv if y.lo == y.hi && y.lo > Some(0) => {
                         let d = y.lo.unwrap_or(1);
                         Bounds {
@@ -469,6 +498,24 @@ impl fmt::Display for Dim {
 }
 
 /// Product of dims (the element count of a shape).
+/// `a // b` when every non-constant factor of `b` is a factor of `a` and `b`'s constant
+/// divides `a`'s: the product of what is left.
+fn cancel_factors(a: &Dim, b: &Dim) -> Option<Dim> {
+    let (ca, mut fa) = a.factors();
+    let (cb, fb) = b.factors();
+    if cb <= 0 || ca == i64::MAX || ca % cb != 0 {
+        return None;
+    }
+    for f in fb {
+        let at = fa.iter().position(|x| *x == f)?;
+        fa.remove(at);
+    }
+    let rest = fa
+        .into_iter()
+        .fold(Dim::Const(1), |acc, f| Dim::binary(DimOp::Mul, acc, f));
+    Some(Dim::binary(DimOp::Mul, rest, Dim::Const(ca / cb)))
+}
+
 pub fn numel(shape: &[Dim]) -> Dim {
     shape
         .iter()
@@ -561,6 +608,28 @@ mod tests {
             let d = Dim::binary(DimOp::FloorDiv, Dim::binary(DimOp::Mul, odd, c(2)), c(4));
             assert_eq!(d.eval(&env).unwrap(), (v * 6).div_euclid(4));
         }
+    }
+
+    #[test]
+    fn symbolic_factors_of_a_divisor_cancel() {
+        let (b, s) = (Dim::sym("b"), Dim::sym("s"));
+        let c = Dim::Const;
+        let mul = |x: Dim, y: Dim| Dim::binary(DimOp::Mul, x, y);
+        let div = |x: Dim, y: Dim| Dim::binary(DimOp::FloorDiv, x, y);
+        // A reshape's -1: the element count [b, s] over the other dim s.
+        assert_eq!(div(mul(b.clone(), s.clone()), s.clone()), b);
+        // (b·1024) // (b·16) = 64, and (b·s·48) // (s·16) = b·3.
+        assert_eq!(div(mul(b.clone(), c(1024)), mul(b.clone(), c(16))), c(64));
+        let three_b = div(mul(mul(b.clone(), s.clone()), c(48)), mul(s.clone(), c(16)));
+        assert_eq!(three_b, mul(b.clone(), c(3)));
+        // Constants that do not divide, or a factor the numerator lacks, stay as they are.
+        assert!(matches!(
+            div(mul(b.clone(), c(10)), mul(b.clone(), c(4))),
+            Dim::Expr(_)
+        ));
+        assert!(matches!(div(mul(b.clone(), c(8)), s.clone()), Dim::Expr(_)));
+        // Sizes over sizes are never negative.
+        assert_eq!(div(mul(b.clone(), c(8)), s.clone()).bounds().lo, Some(0));
     }
 
     #[test]

@@ -121,7 +121,10 @@ pub fn fold_binary(op: Fold, a: &Known, b: &Known) -> Option<Known> {
                 let (p, q) = match consts {
                     (Some(p), Some(q)) => (p, q),
                     _ if matches!(op, Fold::Eq) && x == y => (0, 0),
-                    _ => return None,
+                    _ => {
+                        out.push(Dim::Const(compare_by_bounds(op, &x, &y)? as i64));
+                        continue;
+                    }
                 };
                 let r = match op {
                     Fold::Eq => p == q,
@@ -144,6 +147,28 @@ pub fn fold_binary(op: Fold, a: &Known, b: &Known) -> Option<Known> {
         scalar: a.scalar && b.scalar,
         dims: out,
     })
+}
+
+/// A comparison of values not both constant, decided by their ranges where those do not
+/// overlap: sizes are never negative, so `Equal(Shape(x)[1], -1)` (torch's `expand`
+/// spelling "keep this dim") is false whatever the size.
+fn compare_by_bounds(op: Fold, x: &Dim, y: &Dim) -> Option<bool> {
+    let (a, b) = (x.bounds(), y.bounds());
+    // Whether every value of the first is below every value of the second.
+    let below = |p: &crate::dim::Bounds, q: &crate::dim::Bounds| matches!((p.hi, q.lo), (Some(h), Some(l)) if h < l);
+    let at_most = |p: &crate::dim::Bounds, q: &crate::dim::Bounds| matches!((p.hi, q.lo), (Some(h), Some(l)) if h <= l);
+    match op {
+        Fold::Eq if below(&a, &b) || below(&b, &a) => Some(false),
+        Fold::Lt if below(&a, &b) => Some(true),
+        Fold::Lt if at_most(&b, &a) => Some(false),
+        Fold::Le if at_most(&a, &b) => Some(true),
+        Fold::Le if below(&b, &a) => Some(false),
+        Fold::Gt if below(&b, &a) => Some(true),
+        Fold::Gt if at_most(&a, &b) => Some(false),
+        Fold::Ge if at_most(&b, &a) => Some(true),
+        Fold::Ge if below(&a, &b) => Some(false),
+        _ => None,
+    }
 }
 
 /// Logical Not of known bools.
@@ -235,5 +260,26 @@ mod tests {
             .consts(),
             Some(vec![-1])
         );
+    }
+
+    #[test]
+    fn comparisons_of_sizes_fold_where_their_ranges_decide() {
+        let size = Known::vector(DType::I64, vec![Dim::sym("b"), Dim::sym("s")]);
+        let minus_one = Known::scalar(DType::I64, Dim::Const(-1));
+        let zero = Known::scalar(DType::I64, Dim::Const(0));
+        let three = Known::scalar(DType::I64, Dim::Const(3));
+        let decided = |op, a: &Known, b: &Known| fold_binary(op, a, b).and_then(|k| k.consts());
+        assert_eq!(decided(Fold::Eq, &size, &minus_one), Some(vec![0, 0]));
+        assert_eq!(decided(Fold::Gt, &size, &minus_one), Some(vec![1, 1]));
+        assert_eq!(decided(Fold::Ge, &size, &zero), Some(vec![1, 1]));
+        assert_eq!(decided(Fold::Lt, &size, &zero), Some(vec![0, 0]));
+        assert_eq!(decided(Fold::Le, &minus_one, &size), Some(vec![1, 1]));
+        // A size may be 3 or not; and a difference of sizes may be negative.
+        assert_eq!(decided(Fold::Eq, &size, &three), None);
+        let diff = Known::scalar(
+            DType::I64,
+            Dim::binary(crate::dim::DimOp::Sub, Dim::sym("b"), Dim::sym("s")),
+        );
+        assert_eq!(decided(Fold::Eq, &diff, &minus_one), None);
     }
 }

@@ -230,7 +230,8 @@ impl Ctx {
         let node = &self.b.g.nodes[id];
         let dtype = node.ty.dtype;
         let (Op::Constant(data), true) = (&node.op, dtype.is_int() || dtype == DType::Bool) else {
-            return None;
+            // Computed from constants by a route shape folding does not follow.
+            return fold::constant_value(&self.b.g, id);
         };
         if data.shape.len() > 1 {
             return None;
@@ -253,11 +254,7 @@ impl Ctx {
 
     /// Values of input `k` that must be known at compile time (a shape, axes, pads).
     pub fn known_required(&self, n: &Node, k: usize, what: &str) -> Result<Known> {
-        let computed = || {
-            let id = self.values.get(n.input(k)?)?.id?;
-            fold::constant_value(&self.b.g, id)
-        };
-        self.known(n, k).or_else(computed).ok_or_else(|| {
+        self.known(n, k).ok_or_else(|| {
             n.unsupported(format!(
                 "its {what} (input {k}) is computed at run time; Ember needs it at compile time"
             ))

@@ -4,7 +4,7 @@
 //! `tf_crop_and_resize`, antialiasing and aspect-ratio policies are refused clearly.
 
 use super::{one, Handler};
-use crate::dim::format_shape;
+use crate::dim::{format_shape, Dim};
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
@@ -134,11 +134,17 @@ fn resize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if mode != Mode::Nearest && !dtype.is_float() {
         return Err(n.err(format!("{:?} resizing of {dtype}", n.string("mode", "")?)));
     }
-    let lens: Vec<i64> = shape
-        .iter()
-        .map(|d| d.as_const())
-        .collect::<Option<_>>()
-        .ok_or_else(|| n.unsupported(format!("symbolic input shape {}", format_shape(&shape))))?;
+    // A symbolic dim (a dynamic batch) must keep its size; it stands in as 1 below, an
+    // axis the resize leaves alone.
+    let lens: Vec<i64> = shape.iter().map(|d| d.as_const().unwrap_or(1)).collect();
+    let symbolic: Vec<bool> = shape.iter().map(|d| !d.is_const()).collect();
+    let resizes_symbolic = |axis: usize| {
+        n.unsupported(format!(
+            "it resizes dim {axis} of the symbolic input shape {}; Ember resizes dims of \
+             static size only",
+            format_shape(&shape)
+        ))
+    };
     let axes: Vec<usize> = match n.ints("axes")? {
         Some(a) => a
             .iter()
@@ -149,8 +155,8 @@ fn resize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 
     // Inputs X, roi, scales, sizes: one of scales and sizes, constant.
     let present = |k: usize| n.input(k).is_some_and(|s| !s.is_empty());
-    let given_sizes = if present(3) {
-        Some(ctx.const_ints(n, 3, "sizes")?)
+    let given_sizes: Option<Vec<Dim>> = if present(3) {
+        Some(ctx.known_required(n, 3, "sizes")?.dims)
     } else {
         None
     };
@@ -174,7 +180,18 @@ fn resize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             if sz.len() != axes.len() {
                 return Err(n.err(format!("sizes {sz:?} for {} axes", axes.len())));
             }
-            for (&a, &o) in axes.iter().zip(&sz) {
+            for (&a, o) in axes.iter().zip(&sz) {
+                if symbolic[a] {
+                    if o.provably_equal(&shape[a]) != Some(true) {
+                        return Err(resizes_symbolic(a));
+                    }
+                    continue;
+                }
+                let Some(o) = o.as_const() else {
+                    return Err(n.unsupported(format!(
+                        "its size {o} for dim {a} is symbolic; Ember needs it constant"
+                    )));
+                };
                 plan[a].out = o;
                 plan[a].scale = o as f32 / plan[a].len as f32;
             }
@@ -186,6 +203,12 @@ fn resize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             for (&a, &s) in axes.iter().zip(&sc) {
                 if s <= 0.0 {
                     return Err(n.err(format!("scale {s} must be positive")));
+                }
+                if symbolic[a] {
+                    if s != 1.0 {
+                        return Err(resizes_symbolic(a));
+                    }
+                    continue;
                 }
                 plan[a].scale = s as f32;
                 plan[a].out = (plan[a].len as f32 * s as f32).floor() as i64;
