@@ -140,3 +140,76 @@ def test_text_model_exported_with_dynamic_axes_serves_two_sizes(
         want = ort_run(written, feeds)[0]
         got = compiled(**feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class DecoderWithPast(torch.nn.Module):
+    """A causal LM step as ONNX deployments export it (Optimum's `decoder_with_past`): the
+    cache's keys and values are flat inputs and the updated ones flat outputs."""
+
+    def __init__(self, model: torch.nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cache = transformers.DynamicCache()
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *present)
+
+
+def test_llama_step_with_a_kv_cache_exported_with_dynamic_axes():
+    """Batch, new tokens and past length all dynamic: one compiled model serves a prefill
+    continuation and a one-token decode step, logits and updated caches alike."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=2)
+    step = DecoderWithPast(transformers.LlamaForCausalLM(config).eval(), 2).eval()
+    pasts = [f"past_{i}_{kv}" for i in range(2) for kv in ("key", "value")]
+    names = ["input_ids", "attention_mask", "position_ids", *pasts]
+
+    def inputs(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
+        ids = torch.randint(0, 300, (batch, new))
+        mask = torch.ones(batch, past + new, dtype=torch.long)
+        positions = torch.arange(past, past + new).expand(batch, new).contiguous()
+        return (ids, mask, positions, *[torch.randn(batch, 2, past, 16) for _ in pasts])
+
+    axes = {
+        "input_ids": {0: "batch", 1: "new"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "new"},
+    } | {p: {0: "batch", 2: "past"} for p in pasts}
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            step,
+            inputs(2, 3, 4),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            dynamic_axes=axes,
+        )
+    written = onnx.load_from_string(buffer.getvalue())
+    compiled = ember.compile_onnx(written)
+    for batch, new, past in ((2, 3, 4), (1, 1, 9)):
+        values = inputs(batch, new, past)
+        feeds = {n: v.numpy() for n, v in zip(names, values, strict=True)}
+        want = ort_run(written, feeds)
+        got = compiled(**feeds)
+        assert len(got) == 5
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
