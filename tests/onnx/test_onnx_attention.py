@@ -12,8 +12,12 @@ from onnx import helper
 from onnx_util import BACKENDS, check, compile_on, make_model, randn
 
 
-def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
-    """q [2, 3, 5, 8], k [2, 3, 7, 8], v [2, 3, 7, 4]; the scale applied as `form` says."""
+def _attention_model(
+    form: str, with_mask: bool, softmax_out: bool = False, nan_guard: bool = False
+):
+    """q [2, 3, 5, 8], k [2, 3, 7, 8], v [2, 3, 7, 4]; the scale applied as `form` says;
+    `nan_guard`: the weights pass through `Where(IsNaN(w), 0, w)` as torch's exporter
+    writes them, and query row 1 sees no key (its softmax is NaN, its output zeros)."""
     q, k, v = randn(2, 3, 5, 8, seed=1) * 2, randn(2, 3, 7, 8, seed=2), randn(2, 3, 7, 4, seed=3)
     feeds = {"q": q, "k": k, "v": v}
     inits = {}
@@ -34,14 +38,22 @@ def _attention_model(form: str, with_mask: bool, softmax_out: bool = False):
     if with_mask:
         bias = np.where(np.random.rand(5, 7) > 0.3, 0.0, -np.inf).astype(np.float32)
         bias[:, 0] = 0.0
+        if nan_guard:
+            bias[1, :] = -np.inf
         inits["bias"] = bias
         nodes.append(helper.make_node("Add", ["bias", "scores"], ["masked"]))
     else:
         nodes.append(helper.make_node("Identity", ["scores"], ["masked"]))
-    nodes += [
-        helper.make_node("Softmax", ["masked"], ["weights"], axis=-1),
-        helper.make_node("MatMul", ["weights", "v"], ["out"]),
-    ]
+    nodes.append(helper.make_node("Softmax", ["masked"], ["weights"], axis=-1))
+    if nan_guard:
+        inits["zero"] = np.array(0.0, dtype=np.float32)
+        nodes += [
+            helper.make_node("IsNaN", ["weights"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "weights"], ["guarded"]),
+            helper.make_node("MatMul", ["guarded", "v"], ["out"]),
+        ]
+    else:
+        nodes.append(helper.make_node("MatMul", ["weights", "v"], ["out"]))
     outputs = ["out", "weights"] if softmax_out else ["out"]
     return make_model(nodes, feeds, outputs, initializers=inits), feeds
 
@@ -55,6 +67,16 @@ def test_decomposed_attention_runs_fused(form: str, with_mask: bool, backend: st
     check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
     ir = compiled.ir()
     assert "attention(" in ir and "softmax(" not in ir, ir
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_guarded_weights_run_fused_and_a_row_seeing_no_key_gives_zeros(backend) -> None:
+    model, feeds = _attention_model("both", True, nan_guard=True)
+    compiled = compile_on(model, backend)
+    got = check(model, feeds, rtol=1e-5, atol=1e-5, compiled=compiled)
+    assert not np.isnan(got[0]).any() and (got[0][:, :, 1] == 0).all()
+    ir = compiled.ir()
+    assert "attention(" in ir and "isnan(" not in ir, ir
 
 
 def test_attention_weights_used_elsewhere_stay_decomposed() -> None:

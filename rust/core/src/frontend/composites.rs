@@ -200,10 +200,16 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
     let (weights, v) = (node.inputs[0], node.inputs[1]);
     let only = |x: ValueId| uses[x] == 1;
     let r = g.ty(weights).rank();
+    // torch's exporter guards the softmax of a fully masked row (NaN) with
+    // `where(isnan(w), 0, w)`; `Op::Attention` gives such a row zeros itself.
+    let (weights, readers) = match nan_guarded(g, uses, weights) {
+        Some(w) => (w, 2),
+        None => (weights, 1),
+    };
     let Op::Softmax { axis, log: false } = g.nodes[weights].op else {
         return None;
     };
-    if axis + 1 != r || !only(weights) {
+    if axis + 1 != r || uses[weights] != readers {
         return None;
     }
     let masked = g.nodes[weights].inputs[0];
@@ -246,6 +252,19 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
         causal: false,
         scale,
     })
+}
+
+/// The softmax `w` that `x = where(isnan(w), 0, w)` guards (each guard node used only
+/// there).
+fn nan_guarded(g: &Graph, uses: &[usize], x: ValueId) -> Option<ValueId> {
+    let node = &g.nodes[x];
+    let (Op::Where, &[test, zero, w]) = (&node.op, &node.inputs[..]) else {
+        return None;
+    };
+    let guard = &g.nodes[test];
+    let is_nan_of_w = guard.op == Op::Unary(UnaryOp::IsNan) && guard.inputs[0] == w;
+    (is_nan_of_w && uses[x] == 1 && uses[test] == 1 && scalar(g, zero) == Some(0.0))
+        .then_some(w)
 }
 
 /// `x` as `(q·c₁)(kt·c₂)`, optionally times or divided by `c₃` after the product (each
