@@ -11,6 +11,10 @@
 //! attention. The result differs only by rounding: the scale multiplies the scores once
 //! instead of q and k separately.
 //!
+//! torch's exporter (opsets 14–22) also guards the weights of a row that sees no key:
+//! `where(isnan(softmax), 0, softmax)`; `Op::Attention` gives such a row zeros itself, so the
+//! guard is part of the chain.
+//!
 //! A chain is recovered only when each intermediate (the scaled operands, the scores, the
 //! masked scores, the weights) has no other use, the scales are scalar constants, and the
 //! shapes are those of attention (equal batch dims, matching head and key dims). A mask
@@ -263,8 +267,7 @@ fn nan_guarded(g: &Graph, uses: &[usize], x: ValueId) -> Option<ValueId> {
     };
     let guard = &g.nodes[test];
     let is_nan_of_w = guard.op == Op::Unary(UnaryOp::IsNan) && guard.inputs[0] == w;
-    (is_nan_of_w && uses[x] == 1 && uses[test] == 1 && scalar(g, zero) == Some(0.0))
-        .then_some(w)
+    (is_nan_of_w && uses[x] == 1 && uses[test] == 1 && scalar(g, zero) == Some(0.0)).then_some(w)
 }
 
 /// `x` as `(q·c₁)(kt·c₂)`, optionally times or divided by `c₃` after the product (each
