@@ -224,7 +224,7 @@ def lively(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def check(name: str, how: str, dyn: bool) -> str:
+def check(name: str, how: str, dyn: bool, backend: str = "cpu") -> str:
     model, args, names = CASES[name]()
     lively(model)
     wrapped = FirstOutput(model, names).eval()
@@ -239,7 +239,7 @@ def check(name: str, how: str, dyn: bool) -> str:
     except Exception as e:  # noqa: BLE001 - an export problem, not Ember's
         return f"SKIP {type(e).__name__}: {str(e).splitlines()[0][:150]}"
     try:
-        compiled = ember.compile_onnx(data)
+        compiled = ember.compile_onnx(data, backend=backend)
         errors = []
         for f, want in zip(feeds, wants, strict=True):
             got = compiled(**f)[0]
@@ -254,13 +254,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--exporter", choices=["ts", "dynamo"], default="ts")
     parser.add_argument("--dynamic", action="store_true", help="dynamic batch/length axes")
+    parser.add_argument(
+        "--backend",
+        default="cpu",
+        help="cpu, or cuda-emu: the CUDA backend's generated kernels run on the host",
+    )
     parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(CASES))
     a = parser.parse_args()
     torch.manual_seed(0)
     T.logging.set_verbosity_error()
     for name in a.models.split(",") if a.models else CASES:
         start = time.time()
-        print(f"{name:16s} {check(name, a.exporter, a.dynamic)} ({time.time() - start:.1f} s)")
+        result = check(name, a.exporter, a.dynamic, a.backend)
+        print(f"{name:16s} {result} ({time.time() - start:.1f} s)")
 
 
 if __name__ == "__main__":
