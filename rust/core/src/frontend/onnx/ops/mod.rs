@@ -2,6 +2,7 @@
 //! translates it; the same table decides up front whether a whole model is supported.
 
 mod attention;
+mod contrib;
 pub mod control;
 mod conv;
 mod creation;
@@ -49,13 +50,19 @@ pub fn handler(op: &str) -> Option<Handler> {
 
 /// ONNX Runtime's contrib domain, of which Ember reads the quantized (QOperator) ops.
 pub const MICROSOFT: &str = "com.microsoft";
-pub use qlinear::microsoft_ops;
+/// The names of the `com.microsoft` ops Ember reads (for error messages).
+pub fn microsoft_ops() -> Vec<&'static str> {
+    let mut all = qlinear::microsoft_ops();
+    all.extend(contrib::OPS.iter().map(|&(name, _)| name));
+    all.sort_unstable();
+    all
+}
 
 /// The translation of `op` in `domain` (ai.onnx when empty).
 pub fn handler_in(domain: Option<&str>, op: &str) -> Option<Handler> {
     match domain {
         None | Some("") | Some("ai.onnx") => handler(op),
-        Some(MICROSOFT) => qlinear::microsoft_handler(op),
+        Some(MICROSOFT) => qlinear::microsoft_handler(op).or_else(|| contrib::handler(op)),
         Some(_) => None,
     }
 }

@@ -15,7 +15,9 @@ pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
         "Softmax" | "LogSoftmax" => softmax,
         "LayerNormalization" => layer_norm,
-        "RMSNormalization" => rms_norm,
+        // ONNX Runtime's own SimplifiedLayerNormalization (registered in the ai.onnx domain,
+        // written by its transformer optimizer) is the same normalization.
+        "RMSNormalization" | "SimplifiedLayerNormalization" => rms_norm,
         "GroupNormalization" => group_norm,
         "BatchNormalization" => batch_norm,
         "InstanceNormalization" => instance_norm,
@@ -93,6 +95,9 @@ fn layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// `rms_norm` (which, like `layer_norm` here, computes half-precision inputs in f32 whatever
 /// `stash_type` says, and rounds once).
 fn rms_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    if n.wants_output(1) {
+        return Err(n.unsupported("the inv_std_var output (training only)"));
+    }
     let x = float_input(ctx, n, 0)?;
     let dtype = ctx.b.dtype(x);
     let a = axis(ctx, n.int("axis", -1)?, ctx.b.rank(x))?;

@@ -47,7 +47,7 @@ pub fn microsoft_handler(op: &str) -> Option<Handler> {
         .map(|&(_, h)| h)
 }
 
-/// The names of the `com.microsoft` ops Ember reads (for error messages).
+/// The names of the quantized `com.microsoft` ops Ember reads.
 pub fn microsoft_ops() -> Vec<&'static str> {
     MICROSOFT.iter().map(|&(name, _)| name).collect()
 }
