@@ -23,8 +23,10 @@ pub fn constant_value(g: &Graph, id: ValueId) -> Option<Known> {
     if !(out.dtype.is_int() || out.dtype == crate::dtype::DType::Bool) || out.shape.len() > 1 {
         return None;
     }
-    // The nodes `id` depends on, each once; ids ascend in topological order.
-    let mut needed = vec![id];
+    // The nodes `id` depends on, each once; ids ascend in topological order. Known values
+    // are asked for on many nodes, so this gives up early: at the first input, weight or
+    // large value, and past `MAX_NODES`.
+    let mut seen = std::collections::HashSet::from([id]);
     let mut stack = vec![id];
     while let Some(v) = stack.pop() {
         let node = &g.nodes[v];
@@ -35,15 +37,15 @@ pub fn constant_value(g: &Graph, id: ValueId) -> Option<Known> {
             return None;
         }
         for &i in &node.inputs {
-            if !needed.contains(&i) {
-                if needed.len() == MAX_NODES {
+            if seen.insert(i) {
+                if seen.len() > MAX_NODES {
                     return None;
                 }
-                needed.push(i);
                 stack.push(i);
             }
         }
     }
+    let mut needed: Vec<ValueId> = seen.into_iter().collect();
     needed.sort_unstable();
     let mut sub = Graph::new();
     let mut map = std::collections::HashMap::new();
