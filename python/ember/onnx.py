@@ -54,6 +54,10 @@ def load_program(model: Any) -> Any:
 def _upgraded(model: Any, error: CompileError) -> bytes | None:
     """``model`` converted to opset 13 when it is older, else None. Conversion failures
     raise ``CompileError`` naming the converter's complaint."""
+    # Only the frontend's opset refusal is worth a second parse of the model (other compile
+    # errors of a large model would pay for it for nothing).
+    if "is not supported: Ember reads ai.onnx opsets" not in str(error):
+        return None
     try:
         import onnx
         from onnx import version_converter
@@ -61,7 +65,8 @@ def _upgraded(model: Any, error: CompileError) -> bytes | None:
         return None
     try:
         if isinstance(model, (str, os.PathLike)):
-            proto = onnx.load(os.fspath(model))  # external data included
+            # External data stays unread: Ember's own reader checks where it may come from.
+            proto = onnx.load(os.fspath(model), load_external_data=False)
         elif isinstance(model, (bytes, bytearray, memoryview)):
             proto = onnx.load_from_string(bytes(model))
         elif isinstance(model, onnx.ModelProto):
@@ -73,6 +78,12 @@ def _upgraded(model: Any, error: CompileError) -> bytes | None:
     opsets = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
     if not opsets or max(opsets) >= MIN_OPSET:
         return None
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        raise CompileError(
+            f"ONNX opset {max(opsets)} is older than Ember reads ({MIN_OPSET} to 25) and the "
+            "model keeps its weights in external data, which Ember does not convert: convert "
+            f"it with onnx.version_converter.convert_version(model, {MIN_OPSET}) and save it"
+        ) from error
     try:
         converted = version_converter.convert_version(proto, MIN_OPSET)
         return converted.SerializeToString()

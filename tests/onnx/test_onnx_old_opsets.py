@@ -69,3 +69,18 @@ def test_a_model_the_converter_cannot_convert_is_refused_naming_it():
     model.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(ember.CompileError, match="could not convert it to 13"):
         ember.compile_onnx(model)
+
+
+def test_an_old_model_with_external_data_is_refused_with_the_way_out(tmp_path):
+    x = randn(2, 16)
+    model = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        {"x": x},
+        ["y"],
+        initializers={"w": randn(2, 16, seed=1)},
+        opset=11,
+    )
+    path = tmp_path / "old.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, size_threshold=0)
+    with pytest.raises(ember.CompileError, match="external data.*convert_version"):
+        ember.compile_onnx(str(path))

@@ -337,8 +337,10 @@ impl Ctx {
         let outs = match functions.called_by(n.proto) {
             Some(f) => self.call(f, n)?,
             None => {
+                // check_supported refused unknown ops up front; this guards nodes it could
+                // not reach (a subgraph nested deeper than it walks).
                 let handler = ops::handler_in(n.proto.domain.as_deref(), n.op)
-                    .expect("checked by check_supported");
+                    .ok_or_else(|| n.unsupported("Ember has no translation for this op"))?;
                 handler(self, n).map_err(|e| in_node(e, n))?
             }
         };
