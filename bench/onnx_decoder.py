@@ -21,35 +21,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import transformers
+from ember.hf_models import DecoderWithPast
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB = 4, 256, 8, 4, 1024
 HEAD_DIM = HIDDEN // HEADS
-
-
-class DecoderWithPast(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        *past: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        cache = transformers.DynamicCache()
-        for i in range(LAYERS):
-            cache.update(past[2 * i], past[2 * i + 1], i)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *present)
 
 
 NAMES = ["input_ids", "attention_mask", "position_ids"] + [
@@ -78,7 +53,7 @@ def export() -> bytes:
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
     )
-    step = DecoderWithPast(transformers.LlamaForCausalLM(config).eval()).eval()
+    step = DecoderWithPast(transformers.LlamaForCausalLM(config).eval(), LAYERS).eval()
     axes = {
         "input_ids": {0: "batch", 1: "new"},
         "attention_mask": {0: "batch", 1: "total"},

@@ -94,6 +94,37 @@ class MainOutput(nn.Module):
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
+class DecoderWithPast(nn.Module):
+    """One step of a causal LM as ONNX deployments export it (Optimum's
+    ``decoder_with_past``): the cache's keys and values are flat inputs (``past`` holds
+    layer 0's keys, its values, layer 1's keys, ...) and the logits then the updated keys and
+    values, in that order, are the outputs."""
+
+    def __init__(self, model: nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cache = _transformers().DynamicCache()
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *present)
+
+
 def forward_inputs(batch: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and an attention mask whose last sequence is padded by a quarter, so the
     mask matters."""

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from ember.hf_models import DecoderWithPast
 from onnx_util import ort_run
 
 transformers = pytest.importorskip("transformers")
@@ -140,35 +141,6 @@ def test_text_model_exported_with_dynamic_axes_serves_two_sizes(
         want = ort_run(written, feeds)[0]
         got = compiled(**feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-
-
-class DecoderWithPast(torch.nn.Module):
-    """A causal LM step as ONNX deployments export it (Optimum's `decoder_with_past`): the
-    cache's keys and values are flat inputs and the updated ones flat outputs."""
-
-    def __init__(self, model: torch.nn.Module, layers: int) -> None:
-        super().__init__()
-        self.model, self.layers = model, layers
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        *past: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        cache = transformers.DynamicCache()
-        for i in range(self.layers):
-            cache.update(past[2 * i], past[2 * i + 1], i)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *present)
 
 
 def test_llama_step_with_a_kv_cache_exported_with_dynamic_axes():
