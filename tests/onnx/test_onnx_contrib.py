@@ -112,8 +112,9 @@ def test_training_outputs_are_refused_naming_the_node() -> None:
 
 def test_bert_optimized_by_onnx_runtimes_transformer_optimizer(tmp_path) -> None:
     """`onnxruntime.transformers.optimizer` rewrites an exported BERT with BiasGelu and
-    SkipLayerNormalization (its Attention and EmbedLayerNormalization fusions off: Ember
-    does not read those yet); the optimized file compiles and matches ONNX Runtime."""
+    SkipLayerNormalization (its Attention and EmbedLayerNormalization fusions off, as
+    users who want Ember to recover attention itself optimize); the optimized file
+    compiles and matches ONNX Runtime. `test_onnx_ms_attention.py` has those fusions on."""
     import warnings
 
     import torch

@@ -295,10 +295,10 @@ def test_max_pool_of_uint8() -> None:
 
 def test_unknown_microsoft_op_is_refused_by_name() -> None:
     x = randn(2, 4, seed=13)
-    node = helper.make_node("MultiHeadAttention", ["x", "x2"], ["y"], domain=MS, num_heads=1)
+    node = helper.make_node("SparseAttention", ["x", "x2"], ["y"], domain=MS, num_heads=1)
     model = ms_model([node], {"x": x, "x2": randn(4, 3, seed=14)}, ["y"], {})
     with pytest.raises(
-        ember.UnsupportedOpError, match=r"com\.microsoft::MultiHeadAttention.*FusedMatMul.*QGemm"
+        ember.UnsupportedOpError, match=r"com\.microsoft::SparseAttention.*FusedMatMul.*QGemm"
     ):
         ember.compile_onnx(model)
 

@@ -147,24 +147,41 @@ impl Ctx {
         if numel <= MAX_CONST_ELEMS {
             return self.constant(d.dtype, d.shape.clone(), d.bytes.clone());
         }
-        if let Some(&id) = self.weight_ids.get(&init.name) {
+        self.weight(&init.name, || Ok(d.clone()))
+    }
+
+    /// The weight `name`, made from `data()` the first time it is asked for (an initializer,
+    /// or a tensor a translation computes from initializers, such as dequantized weights).
+    pub fn weight(
+        &mut self,
+        name: &str,
+        data: impl FnOnce() -> Result<Decoded>,
+    ) -> Result<ValueId> {
+        if let Some(&id) = self.weight_ids.get(name) {
             return Ok(id);
         }
+        let d = data()?;
         let ty = TensorType::new(d.dtype, d.shape.iter().map(|&s| Dim::from(s)).collect());
         self.weight_specs
-            .push((init.name.clone(), d.dtype, d.shape.clone()));
+            .push((name.to_string(), d.dtype, d.shape.clone()));
         self.weights.insert(
-            init.name.clone(),
-            HostTensor::owned(d.dtype, d.shape.clone(), d.bytes.clone())?,
+            name.to_string(),
+            HostTensor::owned(d.dtype, d.shape.clone(), d.bytes)?,
         );
         let id = self.b.source(
             Op::Weight {
-                name: init.name.clone(),
+                name: name.to_string(),
             },
             ty,
         )?;
-        self.weight_ids.insert(init.name.clone(), id);
+        self.weight_ids.insert(name.to_string(), id);
         Ok(id)
+    }
+
+    /// The name and data of input `k` when it is an initializer.
+    pub fn initializer_of(&self, n: &Node, k: usize) -> Option<(&str, &Decoded)> {
+        let init = self.values.get(n.input(k)?)?.init.as_ref()?;
+        Some((init.name.as_str(), &init.data))
     }
 
     fn materialize(&mut self, k: &Known) -> Result<ValueId> {

@@ -22,7 +22,12 @@ pub fn handler(op: &str) -> Option<Handler> {
     })
 }
 
-fn float_input(ctx: &mut Ctx, n: &Node, k: usize, dtype: Option<DType>) -> Result<ValueId> {
+pub(super) fn float_input(
+    ctx: &mut Ctx,
+    n: &Node,
+    k: usize,
+    dtype: Option<DType>,
+) -> Result<ValueId> {
     let x = ctx.input(n, k)?;
     let got = ctx.b.dtype(x);
     match dtype {
@@ -33,7 +38,7 @@ fn float_input(ctx: &mut Ctx, n: &Node, k: usize, dtype: Option<DType>) -> Resul
 }
 
 /// A constant dim of `v`, or an error naming what needs it.
-fn const_dim(ctx: &Ctx, n: &Node, v: ValueId, axis: usize, what: &str) -> Result<usize> {
+pub(super) fn const_dim(ctx: &Ctx, n: &Node, v: ValueId, axis: usize, what: &str) -> Result<usize> {
     let d = ctx.b.shape(v)[axis].clone();
     d.as_const()
         .and_then(|c| usize::try_from(c).ok())
@@ -41,7 +46,13 @@ fn const_dim(ctx: &Ctx, n: &Node, v: ValueId, axis: usize, what: &str) -> Result
 }
 
 /// `[B, S, heads·D]` → `[B, heads, S, D]`.
-fn split_heads(ctx: &mut Ctx, n: &Node, x: ValueId, heads: i64, what: &str) -> Result<ValueId> {
+pub(super) fn split_heads(
+    ctx: &mut Ctx,
+    n: &Node,
+    x: ValueId,
+    heads: i64,
+    what: &str,
+) -> Result<ValueId> {
     let s = ctx.b.shape(x);
     let hidden = const_dim(ctx, n, x, 2, &format!("{what} hidden size"))? as i64;
     if heads <= 0 || hidden % heads != 0 {
@@ -60,7 +71,7 @@ fn split_heads(ctx: &mut Ctx, n: &Node, x: ValueId, heads: i64, what: &str) -> R
 }
 
 /// `[0, len)` as int64.
-fn positions(ctx: &mut Ctx, len: Dim) -> Result<ValueId> {
+pub(super) fn positions(ctx: &mut Ctx, len: Dim) -> Result<ValueId> {
     super::creation::iota(ctx, Scalar::Int(0), Scalar::Int(1), DType::I64, len)
 }
 
@@ -315,7 +326,7 @@ fn finish(
 /// op does not have: the products, the cap, the mask, a softmax and zeros for rows whose
 /// every key is masked (as the fused op gives them).
 #[allow(clippy::too_many_arguments)]
-fn soft_capped(
+pub(super) fn soft_capped(
     ctx: &mut Ctx,
     q: ValueId,
     k: ValueId,
@@ -403,7 +414,6 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         }
         r => return Err(n.err(format!("input of rank {r} (3 or 4)"))),
     };
-    let s4 = ctx.b.shape(x4);
     let head = const_dim(ctx, n, x4, 3, "head size")? as i64;
     let rot = match n.int("rotary_embedding_dim", 0)? {
         0 => head,
@@ -414,25 +424,56 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             "rotary_embedding_dim {rot} must be even and at most the head size {head}"
         )));
     }
-    let half = rot / 2;
-    // Angles as [B, S, 1, rot/2].
-    let angles = |ctx: &mut Ctx, cache: ValueId, what: &str| -> Result<ValueId> {
-        let table = match ctx.opt_input(n, 3)? {
+    // Angle tables as [B or 1, S, rot/2].
+    let table = |ctx: &mut Ctx, cache: ValueId, what: &str| -> Result<ValueId> {
+        match ctx.opt_input(n, 3)? {
             Some(ids) => {
                 if ctx.b.rank(cache) != 2 || !ctx.b.dtype(ids).is_int() {
                     return Err(n.err(format!(
                         "with position_ids, {what} must be 2-D and position_ids integer"
                     )));
                 }
-                ctx.b.op(Op::IndexSelect { axis: 0 }, &[cache, ids])?
+                ctx.b.op(Op::IndexSelect { axis: 0 }, &[cache, ids])
             }
-            None if ctx.b.rank(cache) == 3 => cache,
-            None => return Err(n.err(format!("without position_ids, {what} must be 3-D"))),
-        };
+            None if ctx.b.rank(cache) == 3 => Ok(cache),
+            None => Err(n.err(format!("without position_ids, {what} must be 3-D"))),
+        }
+    };
+    let cos = table(ctx, cos, "cos_cache")?;
+    let sin = table(ctx, sin, "sin_cache")?;
+    let interleaved = n.flag("interleaved", false)?;
+    let y4 = rotate(ctx, n, x4, [cos, sin], rot, interleaved)?;
+    let y = match xs.len() {
+        4 => ctx.b.permute(y4, vec![0, 2, 1, 3])?,
+        _ => ctx.b.reshape(y4, xs)?,
+    };
+    one(y)
+}
+
+/// `x4` (`[B, S, heads, D]`) with each head's first `rot` features rotated — its two
+/// halves, or even and odd features when `interleaved` — by the angles whose cosines and
+/// sines `tables` hold as `[B or 1, S, rot/2]`; the features past `rot` pass through.
+pub(super) fn rotate(
+    ctx: &mut Ctx,
+    n: &Node,
+    x4: ValueId,
+    tables: [ValueId; 2],
+    rot: i64,
+    interleaved: bool,
+) -> Result<ValueId> {
+    let s4 = ctx.b.shape(x4);
+    let head = const_dim(ctx, n, x4, 3, "head size")? as i64;
+    let half = rot / 2;
+    // Angles as [B, S, heads, rot/2].
+    let mut angles = [x4; 2];
+    for (a, (table, what)) in angles
+        .iter_mut()
+        .zip(tables.into_iter().zip(["cos", "sin"]))
+    {
         let ts = ctx.b.shape(table);
         if ts.len() != 3 || ts[2] != Dim::Const(half) {
             return Err(n.err(format!(
-                "{what} gives {} angles per position; rotating {rot} features takes {half}",
+                "the {what} cache gives {} angles per position; rotating {rot} features takes {half}",
                 ts.last().cloned().unwrap_or(Dim::Const(0))
             )));
         }
@@ -445,11 +486,9 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         let t = ctx.b.reshape(table, with_head)?;
         let mut want = s4.clone();
         want[3] = Dim::Const(half);
-        ctx.b.broadcast_to(t, &want)
-    };
-    let cos = angles(ctx, cos, "cos_cache")?;
-    let sin = angles(ctx, sin, "sin_cache")?;
-    let interleaved = n.flag("interleaved", false)?;
+        *a = ctx.b.broadcast_to(t, &want)?;
+    }
+    let [cos, sin] = angles;
     let c = Dim::Const;
     let (x1, x2) = match interleaved {
         true => (
@@ -485,18 +524,13 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         }
         false => ctx.b.op(Op::Concat { axis: 3 }, &[real, imag])?,
     };
-    let y4 = match rot < head {
+    match rot < head {
         true => {
             let rest = ctx.b.slice(x4, 3, c(rot), c(head), 1)?;
-            ctx.b.op(Op::Concat { axis: 3 }, &[rotated, rest])?
+            ctx.b.op(Op::Concat { axis: 3 }, &[rotated, rest])
         }
-        false => rotated,
-    };
-    let y = match xs.len() {
-        4 => ctx.b.permute(y4, vec![0, 2, 1, 3])?,
-        _ => ctx.b.reshape(y4, xs)?,
-    };
-    one(y)
+        false => Ok(rotated),
+    }
 }
 
 /// Opset 24's `TensorScatter`: `update` (`[B, …, S_new, …]`) written into `past_cache` along

@@ -17,6 +17,7 @@ use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
 /// The fused ops, by name.
 pub const OPS: &[(&str, Handler)] = &[
     ("BiasGelu", bias_gelu),
+    ("EmbedLayerNormalization", embed_layer_norm),
     ("FastGelu", bias_gelu),
     ("FusedMatMul", fused_matmul),
     ("Gelu", bias_gelu),
@@ -180,4 +181,82 @@ fn skip_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     };
     // Outputs 1 and 2 are refused above when requested; nothing reads these fillers.
     Ok(vec![Val::of(y), Val::of(y), Val::of(y), Val::of(sum)])
+}
+
+/// EmbedLayerNormalization (BERT's embeddings, fused): word, position and (optional)
+/// segment embeddings summed and layer-normalized. Outputs the normalized sum, the
+/// `mask_index` (per sequence, how many mask elements are exactly 1; zeros without a mask)
+/// and the sum itself.
+fn embed_layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let ids = ctx.input(n, 0)?;
+    let is = ctx.b.shape(ids);
+    if is.len() != 2 || !ctx.b.dtype(ids).is_int() {
+        return Err(n.err("input_ids must be a [B, S] integer tensor"));
+    }
+    let word = float_input(ctx, n, 2)?;
+    let dtype = ctx.b.dtype(word);
+    let rows = |ctx: &mut Ctx, k: usize, idx: ValueId| -> Result<ValueId> {
+        let table = float_input(ctx, n, k)?;
+        if ctx.b.rank(table) != 2 || ctx.b.dtype(table) != dtype {
+            return Err(n.err(format!("input {k} must be a 2-D {dtype} embedding table")));
+        }
+        ctx.b.op(Op::IndexSelect { axis: 0 }, &[table, idx])
+    };
+    let mut sum = rows(ctx, 2, ids)?;
+    let positions = match ctx.opt_input(n, 8)? {
+        Some(p) => p,
+        None => {
+            let steps = super::creation::iota(
+                ctx,
+                Scalar::Int(0),
+                Scalar::Int(1),
+                DType::I64,
+                is[1].clone(),
+            )?;
+            ctx.b.reshape(steps, vec![Dim::Const(1), is[1].clone()])?
+        }
+    };
+    let by_position = rows(ctx, 3, positions)?;
+    sum = add(ctx, n, sum, by_position)?;
+    if let (Some(segments), Some(_)) = (ctx.opt_input(n, 1)?, n.input(4)) {
+        let by_segment = rows(ctx, 4, segments)?;
+        sum = add(ctx, n, sum, by_segment)?;
+    }
+    let hidden = ctx.b.shape(sum)[2].clone();
+    let mut inputs = vec![sum, param(ctx, n, 5, &hidden, dtype)?];
+    let has_bias = n.input(6).is_some();
+    if has_bias {
+        inputs.push(param(ctx, n, 6, &hidden, dtype)?);
+    }
+    let y = ctx.b.op(
+        Op::LayerNorm {
+            axis: 2,
+            eps: n.float("epsilon", 1e-12)? as f64,
+            has_weight: true,
+            has_bias,
+        },
+        &inputs,
+    )?;
+    let mask_index = match ctx.opt_input(n, 7)? {
+        Some(mask) => {
+            let ones = ctx.b.binary(
+                BinaryOp::Eq,
+                Operand::Tensor(mask),
+                Operand::Scalar(Scalar::Int(1)),
+            )?;
+            let ones = ctx.b.cast(ones, DType::I32)?;
+            ctx.b.op(
+                Op::Reduce {
+                    op: crate::ir::ReduceOp::Sum,
+                    axes: vec![1],
+                    keepdim: false,
+                },
+                &[ones],
+            )?
+        }
+        None => ctx
+            .b
+            .full(Scalar::Int(0), DType::I32, vec![is[0].clone()])?,
+    };
+    Ok(vec![Val::of(y), Val::of(mask_index), Val::of(sum)])
 }

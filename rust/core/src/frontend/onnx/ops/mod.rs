@@ -11,6 +11,8 @@ mod grid_sample;
 mod index;
 mod linalg;
 mod math;
+mod matmul_nbits;
+mod ms_attention;
 mod nn;
 mod qlinear;
 mod quant;
@@ -54,6 +56,8 @@ pub const MICROSOFT: &str = "com.microsoft";
 pub fn microsoft_ops() -> Vec<&'static str> {
     let mut all = qlinear::microsoft_ops();
     all.extend(contrib::OPS.iter().map(|&(name, _)| name));
+    all.extend(ms_attention::OPS.iter().map(|&(name, _)| name));
+    all.push("MatMulNBits");
     all.sort_unstable();
     all
 }
@@ -62,7 +66,10 @@ pub fn microsoft_ops() -> Vec<&'static str> {
 pub fn handler_in(domain: Option<&str>, op: &str) -> Option<Handler> {
     match domain {
         None | Some("") | Some("ai.onnx") => handler(op),
-        Some(MICROSOFT) => qlinear::microsoft_handler(op).or_else(|| contrib::handler(op)),
+        Some(MICROSOFT) => qlinear::microsoft_handler(op)
+            .or_else(|| contrib::handler(op))
+            .or_else(|| ms_attention::handler(op))
+            .or_else(|| matmul_nbits::handler(op)),
         Some(_) => None,
     }
 }

@@ -1,0 +1,202 @@
+//! `com.microsoft.MatMulNBits`: a product with block-quantized 2-, 4- or 8-bit weights, as
+//! ONNX Runtime's `MatMulNBitsQuantizer` and its LLM builders (int4 models) write it.
+//!
+//! The packed weights, scales and zero points are initializers, so the weight is
+//! dequantized once, while translating, into a float weight of the input's type, and the
+//! node becomes an ordinary product the backends already run fast. That keeps the numbers
+//! exactly the dequantized product (what ONNX Runtime computes at `accuracy_level` 0 or 1;
+//! at level 4 it rounds the activations to int8 first, about 0.5 % off), at the cost of
+//! holding the weight in float (8× the int4 bytes).
+
+use super::Handler;
+use crate::dim::Dim;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::frontend::onnx::node::Node;
+use crate::frontend::onnx::tensor::{floats, Decoded};
+use crate::frontend::onnx::translate::{Ctx, Val};
+use crate::ir::BinaryOp;
+
+pub fn handler(op: &str) -> Option<Handler> {
+    match op {
+        "MatMulNBits" => Some(matmul_nbits),
+        _ => None,
+    }
+}
+
+/// A quantized element `i` of a row of `bits`-wide values packed low bits first.
+fn unpack(bytes: &[u8], i: usize, bits: usize) -> u8 {
+    let per_byte = 8 / bits;
+    let byte = bytes[i / per_byte];
+    (byte >> ((i % per_byte) * bits)) & ((1u16 << bits) - 1) as u8
+}
+
+/// How the weight `[N, K]` was quantized, read from the node.
+struct Layout {
+    k: usize,
+    n: usize,
+    bits: usize,
+    block: usize,
+    blocks: usize,
+}
+
+fn layout(node: &Node) -> Result<Layout> {
+    let (k, n) = (node.int("K", 0)?, node.int("N", 0)?);
+    let bits = node.int("bits", 4)?;
+    let block = node.int("block_size", 0)?;
+    if k <= 0 || n <= 0 {
+        return Err(node.err("the K and N attributes must be positive"));
+    }
+    if !matches!(bits, 2 | 4 | 8) {
+        return Err(node.unsupported(format!("{bits}-bit weights (2, 4 and 8 bits are read)")));
+    }
+    if block < 16 || block & (block - 1) != 0 {
+        return Err(node.err(format!("block_size {block} (a power of two, at least 16)")));
+    }
+    let (k, n, block) = (k as usize, n as usize, block as usize);
+    Ok(Layout {
+        k,
+        n,
+        bits: bits as usize,
+        block,
+        blocks: k.div_ceil(block),
+    })
+}
+
+/// The float weight `[K, N]` (transposed: the product's right operand) in `dtype`.
+fn dequantize(
+    node: &Node,
+    l: &Layout,
+    parts: [Option<&Decoded>; 4],
+    dtype: DType,
+) -> Result<Decoded> {
+    let [b, scales, zeros, g_idx] = parts;
+    let b = b.ok_or_else(|| {
+        node.unsupported("packed weights computed at run time (B must be an initializer)")
+    })?;
+    let scales = scales.ok_or_else(|| {
+        node.unsupported("scales computed at run time (they must be an initializer)")
+    })?;
+    let blob = l.block * l.bits / 8;
+    if b.dtype != DType::U8 || b.bytes.len() != l.n * l.blocks * blob {
+        return Err(node.err(format!(
+            "B must hold uint8 [{}, {}, {blob}] for K={}, N={}, {} bits, block {}",
+            l.n, l.blocks, l.k, l.n, l.bits, l.block
+        )));
+    }
+    let scales = floats(scales);
+    if scales.len() != l.n * l.blocks {
+        return Err(node.err(format!(
+            "scales must have N·blocks = {} elements",
+            l.n * l.blocks
+        )));
+    }
+    // Zero points per (row, block): packed like the weights, or float; 2^(bits−1) by default.
+    let middle = (1u32 << (l.bits - 1)) as f64;
+    let zero_points: Vec<f64> = match zeros {
+        None => vec![middle; l.n * l.blocks],
+        Some(z) if z.dtype == DType::U8 => {
+            let row = (l.blocks * l.bits).div_ceil(8);
+            if z.bytes.len() != l.n * row {
+                return Err(node.err(format!("packed zero_points must be [{}, {row}] uint8", l.n)));
+            }
+            (0..l.n * l.blocks)
+                .map(|i| unpack(&z.bytes[(i / l.blocks) * row..], i % l.blocks, l.bits) as f64)
+                .collect()
+        }
+        Some(z) => {
+            let z = floats(z);
+            if z.len() != l.n * l.blocks {
+                return Err(node.err(format!(
+                    "zero_points must have N·blocks = {} elements",
+                    l.n * l.blocks
+                )));
+            }
+            z
+        }
+    };
+    let groups: Vec<usize> = match g_idx {
+        None => (0..l.k).map(|c| c / l.block).collect(),
+        Some(g) => {
+            let g = crate::frontend::onnx::tensor::ints(g).unwrap_or_default();
+            if g.len() != l.k || g.iter().any(|&x| x < 0 || x as usize >= l.blocks) {
+                return Err(node.err(format!(
+                    "g_idx must hold K = {} block numbers below {}",
+                    l.k, l.blocks
+                )));
+            }
+            g.into_iter().map(|x| x as usize).collect()
+        }
+    };
+    let mut w = vec![0f32; l.k * l.n];
+    for row in 0..l.n {
+        let packed = &b.bytes[row * l.blocks * blob..(row + 1) * l.blocks * blob];
+        for (col, &group) in groups.iter().enumerate() {
+            let q = unpack(packed, col, l.bits) as f64;
+            let at = row * l.blocks + group;
+            w[col * l.n + row] = ((q - zero_points[at]) * scales[at]) as f32;
+        }
+    }
+    let bytes = match dtype {
+        DType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => w
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        DType::BF16 => w
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        other => return Err(node.err(format!("input A of {other} (a float type is read)"))),
+    };
+    Ok(Decoded {
+        dtype,
+        shape: vec![l.k, l.n],
+        bytes,
+    })
+}
+
+/// `A · dequantize(B)ᵀ (+ bias)`.
+fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    let a = ctx.input(n, 0)?;
+    let dtype = ctx.b.dtype(a);
+    if !dtype.is_float() {
+        return Err(n.err(format!("input A must be float, got {dtype}")));
+    }
+    let l = layout(n)?;
+    let rank = ctx.b.rank(a);
+    if rank == 0 || ctx.b.shape(a)[rank - 1] != Dim::Const(l.k as i64) {
+        return Err(n.err(format!("A's last dim must be K = {}", l.k)));
+    }
+    let part = |k: usize| ctx.initializer_of(n, k);
+    let (b_name, _) = part(1).ok_or_else(|| {
+        n.unsupported("packed weights computed at run time (B must be an initializer)")
+    })?;
+    // One dequantized weight per packed weight and type, shared by nodes that share them.
+    let name = format!("{b_name}#dequantized.{dtype}");
+    for (k, what) in [(2, "scales"), (3, "zero_points"), (4, "g_idx")] {
+        if n.input(k).is_some() && part(k).is_none() {
+            return Err(n.unsupported(format!(
+                "{what} computed at run time (an initializer is read)"
+            )));
+        }
+    }
+    let parts = [part(1), part(2), part(3), part(4)].map(|p| p.map(|(_, d)| d.clone()));
+    let w = ctx.weight(&name, || {
+        let [b, s, z, g] = &parts;
+        dequantize(
+            n,
+            &l,
+            [b.as_ref(), s.as_ref(), z.as_ref(), g.as_ref()],
+            dtype,
+        )
+    })?;
+    let mut y = ctx.b.matmul(a, w)?;
+    if let Some(bias) = ctx.opt_input(n, 5)? {
+        if ctx.b.shape(bias) != [Dim::Const(l.n as i64)] || ctx.b.dtype(bias) != dtype {
+            return Err(n.err(format!("bias must be a [{}] {dtype} vector", l.n)));
+        }
+        y = super::bin(ctx, BinaryOp::Add, y, bias)?;
+    }
+    Ok(vec![Val::of(y)])
+}
