@@ -285,8 +285,9 @@ def test_group_query_attention_matches_onnx_runtime(case: str, backend: str) -> 
 
 
 def test_group_query_attention_serves_prompt_and_decode_from_one_compile() -> None:
-    """As ONNX Runtime's LLM builder writes it: `total_sequence_length` is the attention
-    mask's width, `seqlens_k` its row sums minus one, every length symbolic."""
+    """As ONNX Runtime's LLM builder (onnxruntime-genai) writes it: `total_sequence_length`
+    is the attention mask's width, `seqlens_k` its row sums minus one, every length
+    symbolic, the cache's head size too (`kv_cache_dim`)."""
     nodes = [
         helper.make_node("Shape", ["mask"], ["mask_shape"]),
         helper.make_node("Gather", ["mask_shape", "one"], ["total64"], axis=0),
@@ -312,8 +313,8 @@ def test_group_query_attention_serves_prompt_and_decode_from_one_compile() -> No
             helper.make_tensor_value_info("q", F, ["b", "s", N * HG]),
             helper.make_tensor_value_info("k", F, ["b", "s", KV * HG]),
             helper.make_tensor_value_info("v", F, ["b", "s", KV * HG]),
-            helper.make_tensor_value_info("past_key", F, ["b", KV, "p", HG]),
-            helper.make_tensor_value_info("past_value", F, ["b", KV, "p", HG]),
+            helper.make_tensor_value_info("past_key", F, ["b", KV, "p", "kv_cache_dim"]),
+            helper.make_tensor_value_info("past_value", F, ["b", KV, "p", "kv_cache_dim"]),
             helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "t"]),
         ],
         [helper.make_tensor_value_info(o, F, None) for o in ("y", "present_key", "present_value")],

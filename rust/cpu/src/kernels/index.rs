@@ -99,10 +99,17 @@ pub fn index_select(x: &Val, idx: &Val, axis: usize, out_shape: &[usize]) -> KRe
                 return Ok(());
             }
             let mut at = 0;
+            // Rows stored contiguously (a KV cache's heads, embedding rows) are block
+            // copies; a view per row costs more than copying a short row.
+            let rows_contiguous = v.strides[axis + 1..] == post_strides[..];
             for &[p] in &pre {
                 for &j in &ids {
-                    let sub = v.inner(axis + 1, p + j * sa);
-                    copy_into(&sub, out, at, &post_strides);
+                    if rows_contiguous {
+                        out[at..at + post_n].copy_from_slice(v.run(p + j * sa, post_n));
+                    } else {
+                        let sub = v.inner(axis + 1, p + j * sa);
+                        copy_into(&sub, out, at, &post_strides);
+                    }
                     at += post_n;
                 }
             }

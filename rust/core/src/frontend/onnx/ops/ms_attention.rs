@@ -563,15 +563,23 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 
     let (past_k, past_v) = match (ctx.opt_input(n, 3)?, ctx.opt_input(n, 4)?) {
         (Some(pk), Some(pv)) => {
-            for (p, what) in [(pk, "past_key"), (pv, "past_value")] {
-                let ps = ctx.b.shape(p);
-                if ps.len() != 4 || ctx.b.dtype(p) != dtype || ps[3] != Dim::Const(head) {
+            let mut cache = [pk, pv];
+            for (p, what) in cache.iter_mut().zip(["past_key", "past_value"]) {
+                let mut ps = ctx.b.shape(*p);
+                if ps.len() != 4
+                    || ctx.b.dtype(*p) != dtype
+                    || ps[3].as_const().is_some_and(|d| d != head)
+                {
                     return Err(n.err(format!(
                         "{what} must be a [B, {kv_heads}, positions, {head}] {dtype} tensor"
                     )));
                 }
+                // ONNX Runtime's builders name the head size (`kv_cache_dim`): a reshape
+                // makes it the head size, checked at run time.
+                ps[3] = Dim::Const(head);
+                *p = ctx.b.reshape(*p, ps)?;
             }
-            (Some(pk), Some(pv))
+            (Some(cache[0]), Some(cache[1]))
         }
         (None, None) => (None, None),
         _ => return Err(n.err("past_key and past_value must be given together")),
@@ -674,6 +682,9 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// A `GroupQueryAttention` present cache `[B, kvN, len, H]`: position `j` of sequence `b`
 /// holds the cached `past[j]` for `j < past_b`, the new `new[j − past_b]` up to `past_b + S`,
 /// zeros after. Without a past and with `len = S` that is `new` itself.
+///
+/// Built as one row selection from `[past, new, a zero row]` per (sequence, head), whole
+/// rows of H at a time (an element-wise gather of the cache was half a decode step).
 fn present_cache(
     ctx: &mut Ctx,
     past: Option<ValueId>,
@@ -684,39 +695,55 @@ fn present_cache(
     if past.is_none() && len == s {
         return Ok(new);
     }
-    let both = match past {
-        Some(p) => ctx.b.op(Op::Concat { axis: 2 }, &[p, new])?,
-        None => new,
-    };
     let ns = ctx.b.shape(new);
-    let (_, j) = grid(ctx, &Dim::Const(1), len)?;
-    let last = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
-    let last = Dim::binary(DimOp::Sub, last, Dim::Const(1));
-    let last = ctx.b.dim_value(&last, DType::I64)?;
-    let zero = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+    let (batch, heads, head) = (ns[0].clone(), ns[1].clone(), ns[3].clone());
+    let dtype = ctx.b.dtype(new);
+    let zero_row = ctx.b.full(
+        Scalar::Float(0.0),
+        dtype,
+        vec![batch.clone(), heads.clone(), Dim::Const(1), head.clone()],
+    )?;
+    let mut parts: Vec<ValueId> = past.into_iter().collect();
+    parts.extend([new, zero_row]);
+    let rows = ctx.b.op(Op::Concat { axis: 2 }, &parts)?;
+    // Where each present position reads in `rows` (per sequence, [B, len]).
+    let zero_at = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
+    let zero_at = ctx.b.dim_value(&zero_at, DType::I64)?;
     let buffer_v = ctx.b.dim_value(buffer, DType::I64)?;
-    let cached = cmp(ctx, BinaryOp::Lt, j, past_b)?;
-    // j − past_b + buffer: where new key j − past_b sits in `both`.
+    let s_val = ctx.b.dim_value(s, DType::I64)?;
+    let (_, j) = grid(ctx, &Dim::Const(1), len)?;
     let shifted = cmp(ctx, BinaryOp::Sub, j, past_b)?;
     let shifted = bin(ctx, BinaryOp::Add, shifted, buffer_v)?;
-    let j_b = ctx.b.broadcast_to(j, &ctx.b.shape(shifted))?;
-    let idx = ctx.b.op(Op::Where, &[cached, j_b, shifted])?;
-    let idx = bin(ctx, BinaryOp::Max, idx, zero)?;
-    let idx = bin(ctx, BinaryOp::Min, idx, last)?;
-    let s_val = ctx.b.dim_value(s, DType::I64)?;
     let end = bin(ctx, BinaryOp::Add, past_b, s_val)?;
     let written = cmp(ctx, BinaryOp::Lt, j, end)?;
-    let is = ctx.b.shape(idx);
-    let grid4 = vec![is[0].clone(), Dim::Const(1), is[1].clone(), Dim::Const(1)];
-    let full = vec![ns[0].clone(), ns[1].clone(), len.clone(), ns[3].clone()];
-    let idx = ctx.b.reshape(idx, grid4.clone())?;
-    let idx = ctx.b.broadcast_to(idx, &full)?;
-    let gathered = ctx.b.op(Op::Gather { axis: 2 }, &[both, idx])?;
-    let written = ctx.b.reshape(written, grid4)?;
-    let written = ctx.b.broadcast_to(written, &full)?;
-    let dtype = ctx.b.dtype(new);
-    let zeros = ctx.b.full(Scalar::Float(0.0), dtype, full)?;
-    ctx.b.op(Op::Where, &[written, gathered, zeros])
+    let v = ctx.b.broadcast_all(&[written, shifted, zero_at])?;
+    let new_or_zero = ctx.b.op(Op::Where, &v)?;
+    let cached = cmp(ctx, BinaryOp::Lt, j, past_b)?;
+    let v = ctx.b.broadcast_all(&[cached, j, new_or_zero])?;
+    let idx = ctx.b.op(Op::Where, &v)?;
+    // Out-of-range lengths (seqlens_k past the buffer) read zeros, never outside `rows`.
+    let zero = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+    let idx = bin(ctx, BinaryOp::Max, idx, zero)?;
+    let idx = bin(ctx, BinaryOp::Min, idx, zero_at)?;
+    // Row numbers in `rows` flattened to [B·kvN·(buffer + S + 1), H].
+    let per_head = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
+    let per_head = Dim::binary(DimOp::Add, per_head, Dim::Const(1));
+    let bh = Dim::binary(DimOp::Mul, batch.clone(), heads.clone());
+    let first = positions(ctx, bh.clone())?;
+    let stride = ctx.b.dim_value(&per_head, DType::I64)?;
+    let first = bin(ctx, BinaryOp::Mul, first, stride)?;
+    let first = ctx
+        .b
+        .reshape(first, vec![batch.clone(), heads.clone(), Dim::Const(1)])?;
+    let idx = ctx
+        .b
+        .reshape(idx, vec![batch.clone(), Dim::Const(1), len.clone()])?;
+    let at = cmp(ctx, BinaryOp::Add, first, idx)?;
+    let flat = ctx.b.reshape(
+        rows,
+        vec![Dim::binary(DimOp::Mul, bh, per_head), head.clone()],
+    )?;
+    ctx.b.op(Op::IndexSelect { axis: 0 }, &[flat, at])
 }
 
 /// `com.microsoft.RotaryEmbedding`: `input` `[B, S, hidden]` or `[B, N, S, H]` rotated by
