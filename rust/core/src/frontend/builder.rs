@@ -19,6 +19,9 @@ pub enum Operand {
 pub struct Builder {
     pub g: Graph,
     pub origin: String,
+    /// `dim_value` results: a symbolic size is counted once per graph, however many ops
+    /// need it as a tensor (an LLM's layers each ask for the same lengths).
+    dim_values: std::collections::HashMap<(Dim, DType), ValueId>,
 }
 
 impl Builder {
@@ -26,6 +29,7 @@ impl Builder {
         Builder {
             g: Graph::new(),
             origin: String::new(),
+            dim_values: std::collections::HashMap::new(),
         }
     }
 
@@ -332,6 +336,16 @@ impl Builder {
 
     /// A 0-d tensor holding the value of a dim (constant, or computed from a symbolic shape).
     pub fn dim_value(&mut self, d: &Dim, dtype: DType) -> Result<ValueId> {
+        let key = (d.clone(), dtype);
+        if let Some(&v) = self.dim_values.get(&key) {
+            return Ok(v);
+        }
+        let v = self.count_dim(d, dtype)?;
+        self.dim_values.insert(key, v);
+        Ok(v)
+    }
+
+    fn count_dim(&mut self, d: &Dim, dtype: DType) -> Result<ValueId> {
         match d.as_const() {
             Some(c) => self.full(Scalar::Int(c), dtype, vec![]),
             None => {

@@ -91,6 +91,9 @@ pub struct Ctx {
     functions: Arc<Functions>,
     /// How many function calls enclose the node being translated.
     call_depth: usize,
+    /// Tensors that translations derive alike for many nodes (the per-sequence masks of
+    /// each layer's GroupQueryAttention), by a key naming what they are made from.
+    shared: HashMap<String, ValueId>,
 }
 
 /// Function calls nest at most this deep (deeper means a recursive function).
@@ -176,6 +179,21 @@ impl Ctx {
         )?;
         self.weight_ids.insert(name.to_string(), id);
         Ok(id)
+    }
+
+    /// The tensor `key` names, made by `make` the first time it is asked for. The key must
+    /// name everything the tensor depends on (input value ids, dims, attributes).
+    pub fn shared(
+        &mut self,
+        key: String,
+        make: impl FnOnce(&mut Ctx) -> Result<ValueId>,
+    ) -> Result<ValueId> {
+        if let Some(&v) = self.shared.get(&key) {
+            return Ok(v);
+        }
+        let v = make(self)?;
+        self.shared.insert(key, v);
+        Ok(v)
     }
 
     /// The name and data of input `k` when it is an initializer.
@@ -707,6 +725,7 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         opset,
         functions: functions.clone(),
         call_depth: 0,
+        shared: HashMap::new(),
     };
 
     // Initializers first: a graph input with an initializer of the same name is a weight

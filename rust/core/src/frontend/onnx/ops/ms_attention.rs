@@ -519,15 +519,19 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if ctx.b.rank(lens) != 1 || !ctx.b.dtype(lens).is_int() {
         return Err(n.err("seqlens_k must be a 1-d integer tensor"));
     }
-    let lens = ctx.b.cast(lens, DType::I64)?;
-    let one_i = ctx.b.full(Scalar::Int(1), DType::I64, vec![])?;
-    let tot = bin(ctx, BinaryOp::Add, lens, one_i)?;
-    let s_val = ctx.b.dim_value(&s, DType::I64)?;
-    let past_b = bin(ctx, BinaryOp::Sub, tot, s_val)?;
-    let zero_i = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
-    let past_b = bin(ctx, BinaryOp::Max, past_b, zero_i)?;
-    let column = |ctx: &mut Ctx, x: ValueId| ctx.b.reshape(x, vec![batch.clone(), Dim::Const(1)]);
-    let (tot, past_b) = (column(ctx, tot)?, column(ctx, past_b)?);
+    // Shared by every layer reading the same lengths.
+    let tot = ctx.shared(format!("gqa total {lens:?} {batch}"), |ctx| {
+        let lens = ctx.b.cast(lens, DType::I64)?;
+        let one = ctx.b.full(Scalar::Int(1), DType::I64, vec![])?;
+        let tot = bin(ctx, BinaryOp::Add, lens, one)?;
+        ctx.b.reshape(tot, vec![batch.clone(), Dim::Const(1)])
+    })?;
+    let past_b = ctx.shared(format!("gqa past {tot:?} {s}"), |ctx| {
+        let s_val = ctx.b.dim_value(&s, DType::I64)?;
+        let past_b = bin(ctx, BinaryOp::Sub, tot, s_val)?;
+        let zero = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+        bin(ctx, BinaryOp::Max, past_b, zero)
+    })?;
     let total = match ctx.known(n, 6) {
         Some(k) if k.dims.len() == 1 => k.dims[0].clone(),
         _ => {
@@ -549,10 +553,16 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             return Err(n.err(format!("rotating {rot} features of heads of {head}")));
         }
         // Query s of sequence b sits at position past_b + s.
-        let (_, steps) = grid(ctx, &Dim::Const(1), &s)?;
-        let pos = cmp(ctx, BinaryOp::Add, steps, past_b)?;
-        let cos = ctx.b.op(Op::IndexSelect { axis: 0 }, &[cos, pos])?;
-        let sin = ctx.b.op(Op::IndexSelect { axis: 0 }, &[sin, pos])?;
+        let pos = ctx.shared(format!("gqa positions {past_b:?} {s}"), |ctx| {
+            let (_, steps) = grid(ctx, &Dim::Const(1), &s)?;
+            cmp(ctx, BinaryOp::Add, steps, past_b)
+        })?;
+        let [cos, sin] = [cos, sin].map(|table| {
+            ctx.shared(format!("gqa angles {table:?} {pos:?}"), |ctx| {
+                ctx.b.op(Op::IndexSelect { axis: 0 }, &[table, pos])
+            })
+        });
+        let (cos, sin) = (cos?, sin?);
         let interleaved = n.flag("rotary_interleaved", false)?;
         q = rotate(ctx, n, q, [cos, sin], rot, interleaved)?;
         k = rotate(ctx, n, k, [cos, sin], rot, interleaved)?;
@@ -598,49 +608,18 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let present_k = present(ctx, past_k, k_new)?;
     let present_v = present(ctx, past_v, v_new)?;
 
-    // Query s of sequence b sees keys [max(eff − W, 0), eff), eff = min(past_b + s + 1, tot_b).
-    let (rows, cols) = grid(ctx, &s, &present_len)?;
-    let rows = ctx
-        .b
-        .reshape(rows, vec![Dim::Const(1), s.clone(), Dim::Const(1)])?;
-    let cols = ctx.b.reshape(
-        cols,
-        vec![Dim::Const(1), Dim::Const(1), present_len.clone()],
-    )?;
-    let tot3 = ctx
-        .b
-        .reshape(tot, vec![batch.clone(), Dim::Const(1), Dim::Const(1)])?;
-    let eff = match n.int("causal", 1)? {
-        0 => tot3,
-        _ => {
-            let past3 = ctx
-                .b
-                .reshape(past_b, vec![batch.clone(), Dim::Const(1), Dim::Const(1)])?;
-            let frontier = cmp(ctx, BinaryOp::Add, rows, past3)?;
-            let frontier = bin(ctx, BinaryOp::Add, frontier, one_i)?;
-            cmp(ctx, BinaryOp::Min, frontier, tot3)?
-        }
-    };
-    let mut keep = cmp(ctx, BinaryOp::Lt, cols, eff)?;
+    let causal = n.int("causal", 1)? != 0;
     let window = n.int("local_window_size", -1)?;
-    if window >= 0 {
-        let w = ctx.b.full(Scalar::Int(window), DType::I64, vec![])?;
-        let first = bin(ctx, BinaryOp::Sub, eff, w)?;
-        let inside = cmp(ctx, BinaryOp::Ge, cols, first)?;
-        keep = cmp(ctx, BinaryOp::And, keep, inside)?;
-    }
-    let ks = ctx.b.shape(keep);
-    let keep = ctx.b.reshape(
-        keep,
-        vec![ks[0].clone(), Dim::Const(1), ks[1].clone(), ks[2].clone()],
-    )?;
     let full = vec![
         batch.clone(),
         Dim::Const(heads),
         s.clone(),
         present_len.clone(),
     ];
-    let keep = ctx.b.broadcast_to(keep, &full)?;
+    let key = format!("gqa keep {past_b:?} {tot:?} {s} {present_len} {causal} {window} {heads}");
+    let keep = ctx.shared(key, |ctx| {
+        visible_keys(ctx, [past_b, tot], &s, &present_len, causal, window, &full)
+    })?;
     let mask = match ctx.opt_input(n, 10)? {
         Some(bias) => {
             if ctx.b.dtype(bias) != dtype || ctx.b.rank(bias) != 4 {
@@ -679,6 +658,55 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     ])
 }
 
+/// Which keys each query sees, `[B, N, S, len]`: query `s` of sequence `b` those in
+/// `[max(eff − W, 0), eff)`, `eff = min(past_b + s + 1, tot_b)` (`tot_b` when not causal).
+fn visible_keys(
+    ctx: &mut Ctx,
+    [past_b, tot]: [ValueId; 2],
+    s: &Dim,
+    len: &Dim,
+    causal: bool,
+    window: i64,
+    full: &[Dim],
+) -> Result<ValueId> {
+    let batch = full[0].clone();
+    let (rows, cols) = grid(ctx, s, len)?;
+    let rows = ctx
+        .b
+        .reshape(rows, vec![Dim::Const(1), s.clone(), Dim::Const(1)])?;
+    let cols = ctx
+        .b
+        .reshape(cols, vec![Dim::Const(1), Dim::Const(1), len.clone()])?;
+    let tot3 = ctx
+        .b
+        .reshape(tot, vec![batch.clone(), Dim::Const(1), Dim::Const(1)])?;
+    let eff = match causal {
+        false => tot3,
+        true => {
+            let past3 = ctx
+                .b
+                .reshape(past_b, vec![batch.clone(), Dim::Const(1), Dim::Const(1)])?;
+            let frontier = cmp(ctx, BinaryOp::Add, rows, past3)?;
+            let one = ctx.b.full(Scalar::Int(1), DType::I64, vec![])?;
+            let frontier = bin(ctx, BinaryOp::Add, frontier, one)?;
+            cmp(ctx, BinaryOp::Min, frontier, tot3)?
+        }
+    };
+    let mut keep = cmp(ctx, BinaryOp::Lt, cols, eff)?;
+    if window >= 0 {
+        let w = ctx.b.full(Scalar::Int(window), DType::I64, vec![])?;
+        let first = bin(ctx, BinaryOp::Sub, eff, w)?;
+        let inside = cmp(ctx, BinaryOp::Ge, cols, first)?;
+        keep = cmp(ctx, BinaryOp::And, keep, inside)?;
+    }
+    let ks = ctx.b.shape(keep);
+    let keep = ctx.b.reshape(
+        keep,
+        vec![ks[0].clone(), Dim::Const(1), ks[1].clone(), ks[2].clone()],
+    )?;
+    ctx.b.broadcast_to(keep, full)
+}
+
 /// A `GroupQueryAttention` present cache `[B, kvN, len, H]`: position `j` of sequence `b`
 /// holds the cached `past[j]` for `j < past_b`, the new `new[j − past_b]` up to `past_b + S`,
 /// zeros after. Without a past and with `len = S` that is `new` itself.
@@ -706,6 +734,28 @@ fn present_cache(
     let mut parts: Vec<ValueId> = past.into_iter().collect();
     parts.extend([new, zero_row]);
     let rows = ctx.b.op(Op::Concat { axis: 2 }, &parts)?;
+    let key = format!("gqa rows {past_b:?} {s} {buffer} {len} {batch} {heads}");
+    let at = ctx.shared(key, |ctx| {
+        present_rows(ctx, past_b, [s, buffer, len], [&batch, &heads])
+    })?;
+    let per_head = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
+    let per_head = Dim::binary(DimOp::Add, per_head, Dim::Const(1));
+    let bh = Dim::binary(DimOp::Mul, batch.clone(), heads.clone());
+    let flat = ctx.b.reshape(
+        rows,
+        vec![Dim::binary(DimOp::Mul, bh, per_head), head.clone()],
+    )?;
+    ctx.b.op(Op::IndexSelect { axis: 0 }, &[flat, at])
+}
+
+/// For `present_cache`: the row of `[past, new, zero row]` (flattened over sequences and
+/// heads, `buffer + S + 1` rows each) that each present position reads, `[B, kvN, len]`.
+fn present_rows(
+    ctx: &mut Ctx,
+    past_b: ValueId,
+    [s, buffer, len]: [&Dim; 3],
+    [batch, heads]: [&Dim; 2],
+) -> Result<ValueId> {
     // Where each present position reads in `rows` (per sequence, [B, len]).
     let zero_at = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
     let zero_at = ctx.b.dim_value(&zero_at, DType::I64)?;
@@ -738,12 +788,7 @@ fn present_cache(
     let idx = ctx
         .b
         .reshape(idx, vec![batch.clone(), Dim::Const(1), len.clone()])?;
-    let at = cmp(ctx, BinaryOp::Add, first, idx)?;
-    let flat = ctx.b.reshape(
-        rows,
-        vec![Dim::binary(DimOp::Mul, bh, per_head), head.clone()],
-    )?;
-    ctx.b.op(Op::IndexSelect { axis: 0 }, &[flat, at])
+    cmp(ctx, BinaryOp::Add, first, idx)
 }
 
 /// `com.microsoft.RotaryEmbedding`: `input` `[B, S, hidden]` or `[B, N, S, H]` rotated by
