@@ -114,8 +114,8 @@ def main() -> None:
             cases = [(1, int(p)) for p in a.past.split(",")] + [(a.prefill, 0)]
             for new, past in cases:
                 feeds = inputs(new, past, names)
-                ours = median_ms(lambda f=feeds: compiled(**f), a.calls)
-                theirs = median_ms(lambda f=feeds: session.run(None, f), a.calls)
+                ours = median_ms(lambda f=feeds, c=compiled: c(**f), a.calls)
+                theirs = median_ms(lambda f=feeds, s=session: s.run(None, f), a.calls)
                 diff = float(np.abs(compiled(**feeds)[0] - session.run(None, feeds)[0]).max())
                 label = f"decode, past {past}" if new == 1 else f"prefill {new} tokens"
                 print(
