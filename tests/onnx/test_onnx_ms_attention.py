@@ -481,7 +481,8 @@ def test_matmul_nbits_from_onnx_runtimes_quantizer(tmp_path) -> None:
 def test_bert_with_attention_and_embeddings_fused(tmp_path) -> None:
     """`onnxruntime.transformers.optimizer` with every fusion on: EmbedLayerNormalization
     and Attention (the padding mask as the embedding's `mask_index`), plus SkipLayerNorm
-    and BiasGelu. Compared with ONNX Runtime at two shapes, padded sequences included."""
+    and BiasGelu; then the same file quantized by `quantize_dynamic`. Both compared with
+    ONNX Runtime at two shapes, padded sequences included."""
     import warnings
 
     import torch
@@ -527,9 +528,85 @@ def test_bert_with_attention_and_embeddings_fused(tmp_path) -> None:
     written = onnx.load(str(optimized))
     fused = {n.op_type for n in written.graph.node if n.domain == MS}
     assert {"Attention", "EmbedLayerNormalization"} <= fused, fused
+    # Then quantized as Optimum's O2 + dynamic quantization does: QAttention,
+    # QEmbedLayerNormalization and DynamicQuantizeLinear → MatMulInteger.
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized_path = tmp_path / "bert_q.onnx"
+    quantize_dynamic(
+        str(optimized),
+        str(quantized_path),
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    quantized = onnx.load(str(quantized_path))
+    fused = {n.op_type for n in quantized.graph.node if n.domain == MS}
+    assert {"QAttention", "QEmbedLayerNormalization"} <= fused, fused
     compiled = ember.compile_onnx(str(optimized))
+    compiled_q = ember.compile_onnx(str(quantized_path))
     for batch, seq in ((2, 7), (3, 4)):
         mask = np.ones((batch, seq), np.int64)
         mask[0, seq - 2 :] = 0
         feeds = {"ids": np.random.default_rng(seq).integers(0, 300, (batch, seq)), "mask": mask}
         check(written, feeds, compiled=compiled, **TOL)
+        # The integer products are exact on both sides (7e-7 apart here); activations are
+        # quantized at run time, so a value on a rounding tie could land a quantum apart.
+        check(quantized, feeds, compiled=compiled_q, rtol=0, atol=1e-3)
+
+
+def q_attention_inputs(per_column: bool, past: int = 0, s: int = S):
+    rng = np.random.default_rng(7)
+    width = 3 * D
+    w_shape = (width,) if per_column else ()
+    inputs: dict[str, np.ndarray | None] = {
+        "x": rng.integers(0, 256, (B, s, D)).astype(np.uint8),
+        "w": rng.integers(-128, 128, (D, width)).astype(np.int8),
+        "bias": randn(width, seed=2),
+        "x_scale": np.array(0.02, np.float32),
+        "w_scale": np.asarray(rng.random(w_shape) * 0.01 + 0.001, np.float32),
+        "mask_index": np.array([s + past - 1, s + past], np.int32),
+        "x_zero": np.array(128, np.uint8),
+        "w_zero": rng.integers(-3, 4, w_shape).astype(np.int8),
+        "past": randn(2, B, N, past, H, seed=3) if past else None,
+    }
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "per_column, past, attrs",
+    [(False, 0, {}), (True, 0, {}), (True, 3, {"unidirectional": 1})],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_attention_matches_onnx_runtime(per_column, past, attrs, backend: str) -> None:
+    """The 8-bit attention of `quantize_dynamic`: its projection is an exact integer product,
+    so Ember and ONNX Runtime agree to float rounding."""
+    inputs = q_attention_inputs(per_column, past)
+    outputs = {"y": F, "present": F} if past else {"y": F}
+    model = ms_model("QAttention", inputs, outputs, num_heads=N, **attrs)
+    check(model, feeds_of(inputs), compiled=compile_on(model, backend), **tolerance(backend, **TOL))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_embed_layer_normalization_matches_onnx_runtime(backend: str) -> None:
+    rng = np.random.default_rng(0)
+
+    def table(rows: int, seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).integers(0, 256, (rows, D)).astype(np.uint8)
+
+    inputs: dict[str, np.ndarray | None] = {
+        "ids": rng.integers(0, 50, (B, S)).astype(np.int32),
+        "segment_ids": rng.integers(0, 2, (B, S)).astype(np.int32),
+        "word": table(50, 1),
+        "position": table(16, 2),
+        "segment": table(2, 3),
+        "gamma": table(1, 4)[0],
+        "beta": table(1, 5)[0],
+        "mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+    }
+    for k, name in enumerate(("word", "position", "segment", "gamma", "beta")):
+        inputs[f"{name}_scale"] = np.array(0.01 * (k + 1), np.float32)
+    for k, name in enumerate(("word", "position", "segment", "gamma", "beta")):
+        inputs[f"{name}_zero"] = np.array(100 + k, np.uint8)
+    outputs = {"y": F, "mask_index": TensorProto.INT32}
+    model = ms_model("QEmbedLayerNormalization", inputs, outputs, epsilon=1e-5)
+    check(model, feeds_of(inputs), compiled=compile_on(model, backend), **tolerance(backend, **TOL))

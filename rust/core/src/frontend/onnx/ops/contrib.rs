@@ -1,7 +1,8 @@
 //! ONNX Runtime's fused `com.microsoft` ops that its transformer optimizer writes
 //! (`onnxruntime.transformers.optimizer`, Optimum's O2/O3 levels), so that "optimized"
 //! model files from model hubs compile too: FusedMatMul, Gelu, BiasGelu, FastGelu,
-//! QuickGelu, SkipLayerNormalization and SkipSimplifiedLayerNormalization, each
+//! QuickGelu, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
+//! (Q)EmbedLayerNormalization, each
 //! built from the IR's ops (products, `gelu`, `layer_norm`, `rms_norm`). Defaults are ONNX
 //! Runtime's schema defaults (the skip norms' epsilon is 1e-12).
 
@@ -18,6 +19,7 @@ use crate::ir::{BinaryOp, Op, UnaryOp, ValueId};
 pub const OPS: &[(&str, Handler)] = &[
     ("BiasGelu", bias_gelu),
     ("EmbedLayerNormalization", embed_layer_norm),
+    ("QEmbedLayerNormalization", q_embed_layer_norm),
     ("FastGelu", bias_gelu),
     ("FusedMatMul", fused_matmul),
     ("Gelu", bias_gelu),
@@ -188,22 +190,76 @@ fn skip_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// `mask_index` (per sequence, how many mask elements are exactly 1; zeros without a mask)
 /// and the sum itself.
 fn embed_layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    embeddings_normalized(ctx, n, false)
+}
+
+/// QEmbedLayerNormalization (the same, from `quantize_dynamic`): the embedding tables,
+/// gamma and beta are 8-bit, each with its scale (input `k + 6`) and zero point (input
+/// `k + 11`); rows are dequantized after they are looked up.
+fn q_embed_layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    embeddings_normalized(ctx, n, true)
+}
+
+/// `(q − zero) · scale` for the 8-bit input `k` (or its looked-up rows `q`).
+fn dequantized(ctx: &mut Ctx, n: &Node, k: usize, q: ValueId) -> Result<ValueId> {
+    let scale = float_input(ctx, n, k + 6)?;
+    let dtype = ctx.b.dtype(scale);
+    let zero = ctx.input(n, k + 11)?;
+    let q = ctx.b.cast(q, dtype)?;
+    let zero = ctx.b.cast(zero, dtype)?;
+    let centered = ctx.b.binary_in(
+        BinaryOp::Sub,
+        Operand::Tensor(q),
+        Operand::Tensor(zero),
+        dtype,
+    )?;
+    ctx.b.binary_in(
+        BinaryOp::Mul,
+        Operand::Tensor(centered),
+        Operand::Tensor(scale),
+        dtype,
+    )
+}
+
+fn embeddings_normalized(ctx: &mut Ctx, n: &Node, quantized: bool) -> Result<Vec<Val>> {
     let ids = ctx.input(n, 0)?;
     let is = ctx.b.shape(ids);
     if is.len() != 2 || !ctx.b.dtype(ids).is_int() {
         return Err(n.err("input_ids must be a [B, S] integer tensor"));
     }
-    let word = float_input(ctx, n, 2)?;
-    let dtype = ctx.b.dtype(word);
-    let rows = |ctx: &mut Ctx, k: usize, idx: ValueId| -> Result<ValueId> {
-        let table = float_input(ctx, n, k)?;
-        if ctx.b.rank(table) != 2 || ctx.b.dtype(table) != dtype {
-            return Err(n.err(format!("input {k} must be a 2-D {dtype} embedding table")));
+    // The float type: the word table's, or its scale's when quantized.
+    let typed = float_input(ctx, n, if quantized { 8 } else { 2 })?;
+    let dtype = ctx.b.dtype(typed);
+    let table = |ctx: &mut Ctx, k: usize| -> Result<ValueId> {
+        let t = ctx.input(n, k)?;
+        let want_quantized = matches!(ctx.b.dtype(t), DType::U8 | DType::I8);
+        if ctx.b.rank(t) != 2
+            || (quantized != want_quantized)
+            || (!quantized && ctx.b.dtype(t) != dtype)
+        {
+            let kind = if quantized {
+                "8-bit".to_string()
+            } else {
+                dtype.to_string()
+            };
+            return Err(n.err(format!("input {k} must be a 2-D {kind} embedding table")));
         }
-        ctx.b.op(Op::IndexSelect { axis: 0 }, &[table, idx])
+        Ok(t)
+    };
+    let rows = |ctx: &mut Ctx, k: usize, idx: ValueId| -> Result<ValueId> {
+        let t = table(ctx, k)?;
+        let r = ctx.b.op(Op::IndexSelect { axis: 0 }, &[t, idx])?;
+        match quantized {
+            true => dequantized(ctx, n, k, r),
+            false => Ok(r),
+        }
     };
     let mut sum = rows(ctx, 2, ids)?;
-    let positions = match ctx.opt_input(n, 8)? {
+    let given_positions = match quantized {
+        true => None,
+        false => ctx.opt_input(n, 8)?,
+    };
+    let positions = match given_positions {
         Some(p) => p,
         None => {
             let steps = super::creation::iota(
@@ -223,10 +279,20 @@ fn embed_layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         sum = add(ctx, n, sum, by_segment)?;
     }
     let hidden = ctx.b.shape(sum)[2].clone();
-    let mut inputs = vec![sum, param(ctx, n, 5, &hidden, dtype)?];
+    let norm_param = |ctx: &mut Ctx, k: usize| -> Result<ValueId> {
+        match quantized {
+            true => {
+                let q = ctx.input(n, k)?;
+                let p = dequantized(ctx, n, k, q)?;
+                ctx.b.broadcast_to(p, std::slice::from_ref(&hidden))
+            }
+            false => param(ctx, n, k, &hidden, dtype),
+        }
+    };
+    let mut inputs = vec![sum, norm_param(ctx, 5)?];
     let has_bias = n.input(6).is_some();
     if has_bias {
-        inputs.push(param(ctx, n, 6, &hidden, dtype)?);
+        inputs.push(norm_param(ctx, 6)?);
     }
     let y = ctx.b.op(
         Op::LayerNorm {

@@ -1,7 +1,8 @@
 //! ONNX Runtime's fused attention ops in the `com.microsoft` domain, as its transformer
 //! optimizer (BERT-style `Attention`), its model builders (`GroupQueryAttention`,
-//! `MultiHeadAttention`) and Optimum's exports write them: `Attention`,
-//! `MultiHeadAttention`, `GroupQueryAttention` and `RotaryEmbedding`. Each becomes the IR's
+//! `MultiHeadAttention`) and Optimum's exports write them: `Attention` (and `QAttention`, its
+//! 8-bit form from `quantize_dynamic`), `MultiHeadAttention`, `GroupQueryAttention` and
+//! `RotaryEmbedding`. Each becomes the IR's
 //! `attention` with a mask that reproduces ONNX Runtime's CPU kernels exactly: padding is
 //! *added* as `mask_filter_value` (-10000 by default, so a row of padding only still
 //! averages its keys), the causal frontier hides keys outright, and
@@ -21,6 +22,7 @@ pub const OPS: &[(&str, Handler)] = &[
     ("Attention", attention),
     ("GroupQueryAttention", group_query_attention),
     ("MultiHeadAttention", multi_head_attention),
+    ("QAttention", q_attention),
     ("RotaryEmbedding", rotary_embedding),
 ];
 
@@ -248,25 +250,106 @@ fn masked_attention(
     )
 }
 
+/// Input positions of what `Attention` and `QAttention` share after their projections.
+struct AttentionInputs {
+    mask: usize,
+    past: usize,
+    bias: Option<usize>,
+}
+
 /// `com.microsoft.Attention` (BERT and GPT-2 as ONNX Runtime's optimizer fuses them): the
 /// Q/K/V projection `input · weights + bias`, a `past` of `[2, B, N, P, H]` concatenated
 /// before the new keys (`present` is the concatenation), padding (`mask_index`), an
 /// `attention_bias`, and `unidirectional` (causal) attention.
 fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
-    if n.flag("do_rotary", false)? {
-        return Err(n.unsupported("do_rotary (ONNX Runtime's CPU kernel refuses it too)"));
-    }
-    if n.flag("past_present_share_buffer", false)? || n.input(6).is_some() {
-        return Err(n.unsupported("a past and present sharing one buffer"));
-    }
+    refuse_attention_extras(n, 6)?;
     let x = float_input(ctx, n, 0, None)?;
     let dtype = ctx.b.dtype(x);
     let w = float_input(ctx, n, 1, Some(dtype))?;
     if ctx.b.rank(x) != 3 || ctx.b.rank(w) != 2 {
         return Err(n.err("input must be [B, S, hidden] and weights [hidden, Q+K+V widths]"));
     }
+    let qkv = ctx.b.matmul(x, w)?;
+    let inputs = AttentionInputs {
+        mask: 3,
+        past: 4,
+        bias: Some(5),
+    };
+    projected_attention(ctx, n, qkv, inputs)
+}
+
+/// `com.microsoft.QAttention` (an optimized BERT quantized by `quantize_dynamic`):
+/// `Attention` whose projection is the 8-bit product `(input − zi)·(weight − zw)`, exact in
+/// int32, scaled by `input_scale · weight_scale` (per tensor, or per column for the weight).
+fn q_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
+    refuse_attention_extras(n, usize::MAX)?;
+    let x = ctx.input(n, 0)?;
+    let w = ctx.input(n, 1)?;
+    for (v, what) in [(x, "input"), (w, "weight")] {
+        if !matches!(ctx.b.dtype(v), DType::U8 | DType::I8) {
+            return Err(n.err(format!(
+                "{what} must be uint8 or int8, got {}",
+                ctx.b.dtype(v)
+            )));
+        }
+    }
+    if ctx.b.rank(x) != 3 || ctx.b.rank(w) != 2 {
+        return Err(n.err("input must be [B, S, hidden] and weights [hidden, Q+K+V widths]"));
+    }
+    let x_scale = float_input(ctx, n, 3, None)?;
+    let dtype = ctx.b.dtype(x_scale);
+    let w_scale = float_input(ctx, n, 4, Some(dtype))?;
+    let scalar_or_row = |ctx: &mut Ctx, v: ValueId| -> Result<ValueId> {
+        match ctx.b.shape(v).as_slice() {
+            [Dim::Const(1)] => ctx.b.reshape(v, vec![]),
+            _ => Ok(v),
+        }
+    };
+    let (x_scale, w_scale) = (scalar_or_row(ctx, x_scale)?, scalar_or_row(ctx, w_scale)?);
+    let zero = |ctx: &mut Ctx, k: usize| -> Result<Option<ValueId>> {
+        match ctx.opt_input(n, k)? {
+            Some(z) => Ok(Some(scalar_or_row(ctx, z)?)),
+            None => Ok(None),
+        }
+    };
+    let (x_zero, w_zero) = (zero(ctx, 6)?, zero(ctx, 7)?);
+    if ctx.b.rank(x_scale) != 0 || x_zero.is_some_and(|z| ctx.b.rank(z) != 0) {
+        return Err(n.err("input_scale and input_zero_point must be scalars"));
+    }
+    let product = super::quant::integer_product(ctx, x, w, x_zero, w_zero)?;
+    let product = ctx.b.cast(product, dtype)?;
+    let scale = cmp(ctx, BinaryOp::Mul, x_scale, w_scale)?;
+    let qkv = cmp(ctx, BinaryOp::Mul, product, scale)?;
+    let inputs = AttentionInputs {
+        mask: 5,
+        past: 8,
+        bias: None,
+    };
+    projected_attention(ctx, n, qkv, inputs)
+}
+
+/// What both refuse: rotary inside the op, a past and present sharing one buffer (and its
+/// `past_sequence_length`, input `length_input`).
+fn refuse_attention_extras(n: &Node, length_input: usize) -> Result<()> {
+    if n.flag("do_rotary", false)? {
+        return Err(n.unsupported("do_rotary (ONNX Runtime's CPU kernel refuses it too)"));
+    }
+    if n.flag("past_present_share_buffer", false)? || n.input(length_input).is_some() {
+        return Err(n.unsupported("a past and present sharing one buffer"));
+    }
+    Ok(())
+}
+
+/// `Attention` after its projection `qkv` (`[B, S, Q+K+V widths]`, before the bias).
+fn projected_attention(
+    ctx: &mut Ctx,
+    n: &Node,
+    mut qkv: ValueId,
+    at: AttentionInputs,
+) -> Result<Vec<Val>> {
+    let dtype = ctx.b.dtype(qkv);
     let heads = heads_attr(n, "num_heads")?;
-    let width = const_dim(ctx, n, w, 1, "projection width")? as i64;
+    let width = const_dim(ctx, n, qkv, 2, "projection width")? as i64;
     let sizes = match n.ints("qkv_hidden_sizes")? {
         Some(v) if v.len() == 3 => [v[0], v[1], v[2]],
         Some(v) => return Err(n.err(format!("qkv_hidden_sizes {v:?} needs 3 sizes"))),
@@ -280,7 +363,6 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
              summing to the weights' width {width}"
         )));
     }
-    let mut qkv = ctx.b.matmul(x, w)?;
     if let Some(bias) = ctx.opt_input(n, 2)? {
         if ctx.b.shape(bias) != [Dim::Const(width)] || ctx.b.dtype(bias) != dtype {
             return Err(n.err(format!("bias must be a [{width}] {dtype} vector")));
@@ -294,7 +376,7 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let mut k4 = split_heads(ctx, n, k, heads, "K")?;
     let mut v4 = split_heads(ctx, n, v, heads, "V")?;
     let mut past_len = Dim::Const(0);
-    if let Some(past) = ctx.opt_input(n, 4)? {
+    if let Some(past) = ctx.opt_input(n, at.past)? {
         let ps = ctx.b.shape(past);
         if ps.len() != 5 || ps[0] != Dim::Const(2) || ctx.b.dtype(past) != dtype {
             return Err(n.err(format!("past must be a [2, B, N, P, H] {dtype} tensor")));
@@ -310,13 +392,17 @@ fn attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     }
     let qs = ctx.b.shape(q4);
     let keys = ctx.b.shape(k4)[2].clone();
-    let pad = match ctx.opt_input(n, 3)? {
+    let pad = match ctx.opt_input(n, at.mask)? {
         Some(m) => padding_keep(ctx, n, m, &qs[0], &qs[2], &keys)?,
+        None => None,
+    };
+    let bias = match at.bias {
+        Some(k) => ctx.opt_input(n, k)?,
         None => None,
     };
     let masking = Masking {
         pad,
-        bias: ctx.opt_input(n, 5)?,
+        bias,
         causal: n.flag("unidirectional", false)?,
         past: past_len,
         filter: n.float("mask_filter_value", -10000.0)? as f64,
