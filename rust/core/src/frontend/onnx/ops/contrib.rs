@@ -2,9 +2,9 @@
 //! (`onnxruntime.transformers.optimizer`, Optimum's O2/O3 levels), so that "optimized"
 //! model files from model hubs compile too: FusedMatMul, Gelu, BiasGelu, FastGelu,
 //! QuickGelu, SkipLayerNormalization, SkipSimplifiedLayerNormalization and
-//! (Q)EmbedLayerNormalization, each
-//! built from the IR's ops (products, `gelu`, `layer_norm`, `rms_norm`). Defaults are ONNX
-//! Runtime's schema defaults (the skip norms' epsilon is 1e-12).
+//! (Q)EmbedLayerNormalization, each built from the IR's ops (products, `gelu`,
+//! `layer_norm`, `rms_norm`). Defaults are ONNX Runtime's schema defaults (the skip norms'
+//! epsilon is 1e-12).
 
 use super::{one, Handler};
 use crate::dim::Dim;
