@@ -191,3 +191,59 @@ def test_torch_mask_buffer_updated_in_place_is_followed() -> None:
     with torch.no_grad():
         model.bias[4, 2] = float("-inf")  # one more key hidden: no longer causal
     torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_bert_eager_attention_with_dynamic_axes_runs_fused(tmp_path) -> None:
+    """Hugging Face BERT with eager attention, exported with dynamic batch and length: its
+    positions are `min(s, max_positions)` wide and its mask `s`, so the scores reach the
+    mask through an `expand` of the key axis. The attention is still recovered; a length
+    past the position table is refused, never computed on mismatched shapes."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=16,
+    )
+    bert = transformers.BertModel._from_config(config, attn_implementation="eager").eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    path = tmp_path / "bert.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hidden().eval(),
+            (torch.randint(0, 100, (2, 7)), torch.ones(2, 7, dtype=torch.long)),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["ids", "mask"],
+            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}},
+        )
+    import onnx
+
+    model = onnx.load(str(path))
+    compiled = ember.compile_onnx(model)
+    ir = compiled.ir()
+    assert ir.count("attention(") == 2 and "softmax(" not in ir, ir
+    for batch, seq in ((2, 7), (1, 16), (3, 1)):
+        mask = np.ones((batch, seq), np.int64)
+        mask[0, seq // 2 :] = 0
+        mask[0, 0] = 1
+        ids = np.random.default_rng(seq).integers(0, 100, (batch, seq))
+        check(model, {"ids": ids, "mask": mask}, rtol=1e-5, atol=1e-5, compiled=compiled)
+    too_long = {"ids": np.zeros((1, 20), np.int64), "mask": np.ones((1, 20), np.int64)}
+    with pytest.raises((ember.ShapeError, ember.InputError)):
+        compiled(**too_long)

@@ -122,6 +122,20 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
                         && ins[0][..r - 2] == ins[1][..r - 2]
                         && ins[0][r - 1] == ins[1][r - 2]
                 }
+                // Every shape attention reads, so that no kernel indexes past an operand
+                // (symbolic dims the compiler assumed equal are checked here, per call).
+                Op::Attention { has_mask, .. } => {
+                    let r = ins.first().map_or(0, |q| q.len());
+                    ins.len() == 3 + *has_mask as usize
+                        && r >= 2
+                        && ins.iter().all(|x| x.len() == r)
+                        && ins[0][..r - 2] == ins[1][..r - 2]
+                        && ins[1][..r - 1] == ins[2][..r - 1]
+                        && ins[0][r - 1] == ins[1][r - 1]
+                        && (!*has_mask
+                            || (ins[3][..r - 1] == ins[0][..r - 1]
+                                && ins[3][r - 1] == ins[1][r - 2]))
+                }
                 Op::Slice {
                     axis, start, end, ..
                 } => {

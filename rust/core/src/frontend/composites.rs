@@ -226,7 +226,7 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
             let [a, b] = g.nodes[masked].inputs[..] else {
                 return None;
             };
-            if scaled_product(g, uses, a).is_some() {
+            if scaled_product(g, uses, key_expand_peeled(g, uses, a)).is_some() {
                 (a, Some(b))
             } else {
                 (b, Some(a))
@@ -234,6 +234,7 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
         }
         _ => (masked, None),
     };
+    let scores = key_expand_peeled(g, uses, scores);
     let (q, kt, scale) = scaled_product(g, uses, scores)?;
     let (tq, tk, tv) = (g.ty(q), g.ty(kt), g.ty(v));
     let float = tq.dtype.is_float() && tk.dtype == tq.dtype && tv.dtype == tq.dtype;
@@ -256,6 +257,29 @@ fn attention_chain(g: &Graph, uses: &[usize], id: ValueId) -> Option<Chain> {
         causal: false,
         scale,
     })
+}
+
+/// `x`'s input when `x` is an `expand` of the scores' key axis alone from one symbolic size
+/// to another (BERT exports meet `min(s, 512)` positions with an `s`-wide mask): the
+/// product after the softmax reads the keys at the unexpanded size, so wherever the original
+/// graph runs the two sizes are equal and the expand copies nothing; where they differ
+/// the recovered attention's shape check refuses the call, as the original's product does.
+fn key_expand_peeled(g: &Graph, uses: &[usize], x: ValueId) -> ValueId {
+    let node = &g.nodes[x];
+    let Op::Expand { shape } = &node.op else {
+        return x;
+    };
+    let inner = node.inputs[0];
+    let from = &g.ty(inner).shape;
+    let r = from.len();
+    let only_keys = r >= 2
+        && shape.len() == r
+        && from[..r - 1] == shape[..r - 1]
+        && from[r - 1] != Dim::Const(1);
+    match only_keys && uses[x] == 1 {
+        true => inner,
+        false => x,
+    }
 }
 
 /// The softmax `w` that `x = where(isnan(w), 0, w)` guards (each guard node used only
