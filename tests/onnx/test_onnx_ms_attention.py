@@ -284,6 +284,39 @@ def test_group_query_attention_matches_onnx_runtime(case: str, backend: str) -> 
         np.testing.assert_allclose(g, w, **tol)
 
 
+@pytest.mark.parametrize("s, past, lens", [(6, 0, [6, 6]), (1, 5, [6, 4])])
+@pytest.mark.parametrize("symbolic", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_query_attention_rotates_at_given_positions(
+    s: int, past: int, lens: list[int], symbolic: bool, backend: str
+) -> None:
+    """`position_ids`: per query in decode; on a first prompt ONNX Runtime counts every
+    sequence from the first element. With a symbolic length the choice is made per call."""
+    inputs, consts = gqa_inputs(s, past, lens, 6, rot=HG)
+    inputs["position_ids"] = np.random.default_rng(5).integers(0, 40, (len(lens), s))
+    shapes = {}
+    if symbolic:
+        b = len(lens)
+        shapes = {"q": [b, "s", N * HG], "k": [b, "s", KV * HG], "v": [b, "s", KV * HG]}
+        shapes["position_ids"] = [b, "s"]
+    model = ms_model(
+        "GroupQueryAttention",
+        inputs,
+        {"y": F, "present_key": F, "present_value": F},
+        consts=consts,
+        shapes=shapes,
+        num_heads=N,
+        kv_num_heads=KV,
+        do_rotary=1,
+    )
+    check(
+        model,
+        feeds_of(inputs, consts),
+        compiled=compile_on(model, backend),
+        **tolerance(backend, **TOL),
+    )
+
+
 def test_group_query_attention_serves_prompt_and_decode_from_one_compile() -> None:
     """As ONNX Runtime's LLM builder (onnxruntime-genai) writes it: `total_sequence_length`
     is the attention mask's width, `seqlens_k` its row sums minus one, every length

@@ -529,7 +529,6 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(n.unsupported("the output_qk debugging output"));
     }
     let refused = [
-        (9, "position_ids"),
         (11, "head_sink"),
         (12, "k_scale (a quantized cache)"),
         (13, "v_scale (a quantized cache)"),
@@ -638,11 +637,14 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         if rot > head {
             return Err(n.err(format!("rotating {rot} features of heads of {head}")));
         }
-        // Query s of sequence b sits at position past_b + s.
-        let pos = ctx.shared(format!("gqa positions {past_b:?} {s}"), |ctx| {
-            let (_, steps) = grid(ctx, &Dim::Const(1), &s)?;
-            cmp(ctx, BinaryOp::Add, steps, past_b)
-        })?;
+        // Query s of sequence b sits at position past_b + s, or where position_ids say.
+        let pos = match ctx.opt_input(n, 9)? {
+            None => ctx.shared(format!("gqa positions {past_b:?} {s}"), |ctx| {
+                let (_, steps) = grid(ctx, &Dim::Const(1), &s)?;
+                cmp(ctx, BinaryOp::Add, steps, past_b)
+            })?,
+            Some(ids) => given_positions(ctx, n, ids, [&batch, &s, &total])?,
+        };
         let [cos, sin] = [cos, sin].map(|table| {
             ctx.shared(format!("gqa angles {table:?} {pos:?}"), |ctx| {
                 ctx.b.op(Op::IndexSelect { axis: 0 }, &[table, pos])
@@ -742,6 +744,41 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         Val::of(present_k),
         Val::of(present_v),
     ])
+}
+
+/// GroupQueryAttention's `position_ids` as ONNX Runtime reads them: `[B, S]` per query,
+/// except on the first prompt (`S` equal to the total length), where every sequence counts
+/// from the first element: `ids[0] + s`.
+fn given_positions(
+    ctx: &mut Ctx,
+    n: &Node,
+    ids: ValueId,
+    [batch, s, total]: [&Dim; 3],
+) -> Result<ValueId> {
+    if !ctx.b.dtype(ids).is_int() || ctx.b.rank(ids) != 2 {
+        return Err(n.err("position_ids must be a [B, S] integer tensor"));
+    }
+    let ids = ctx.b.cast(ids, DType::I64)?;
+    let ids = ctx.b.broadcast_to(ids, &[batch.clone(), s.clone()])?;
+    let first = ctx.b.slice(ids, 0, Dim::Const(0), Dim::Const(1), 1)?;
+    let first = ctx.b.slice(first, 1, Dim::Const(0), Dim::Const(1), 1)?;
+    let (_, steps) = grid(ctx, &Dim::Const(1), s)?;
+    let counted = cmp(ctx, BinaryOp::Add, steps, first)?;
+    let counted = ctx.b.broadcast_to(counted, &[batch.clone(), s.clone()])?;
+    if s == total {
+        return Ok(counted);
+    }
+    if let (Some(a), Some(b)) = (s.as_const(), total.as_const()) {
+        if a != b {
+            return Ok(ids);
+        }
+    }
+    // Decided per call when the lengths are symbolic.
+    let s_val = ctx.b.dim_value(s, DType::I64)?;
+    let total_val = ctx.b.dim_value(total, DType::I64)?;
+    let prompt = cmp(ctx, BinaryOp::Eq, s_val, total_val)?;
+    let v = ctx.b.broadcast_all(&[prompt, counted, ids])?;
+    ctx.b.op(Op::Where, &v)
 }
 
 /// Which keys each query sees, `[B, N, S, len]`: query `s` of sequence `b` those in
