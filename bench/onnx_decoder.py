@@ -43,9 +43,10 @@ def inputs(new: int, past: int) -> dict[str, np.ndarray]:
     return {n: v.numpy() for n, v in zip(NAMES, values, strict=True)}
 
 
-def export() -> bytes:
+def random_llama(**config: object) -> transformers.LlamaForCausalLM:
+    """The benchmarks' random Llama (seeded; `config` adds to the sizes above)."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    sizes = dict(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
         intermediate_size=688,
@@ -53,7 +54,11 @@ def export() -> bytes:
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
     )
-    step = DecoderWithPast(transformers.LlamaForCausalLM(config).eval(), LAYERS).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes, **config)).eval()
+
+
+def export() -> bytes:
+    step = DecoderWithPast(random_llama(), LAYERS).eval()
     axes = {
         "input_ids": {0: "batch", 1: "new"},
         "attention_mask": {0: "batch", 1: "total"},

@@ -26,30 +26,16 @@ import ember
 import numpy as np
 import onnx
 import onnxruntime as ort
-import torch
 import transformers
 
-from bench.onnx_decoder import median_ms
-
-LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB = 4, 256, 8, 4, 1024
-HEAD_DIM = HIDDEN // HEADS
+from bench.onnx_decoder import HEAD_DIM, KV_HEADS, VOCAB, median_ms, random_llama
 
 
 def save_random_llama(folder: Path) -> None:
     """A random Llama and a word-level tokenizer (the builder writes tokenizer files)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=688,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=2048,
-    )
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    random_llama(max_position_embeddings=2048).save_pretrained(folder)
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = transformers.PreTrainedTokenizerFast(

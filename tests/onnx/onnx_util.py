@@ -161,6 +161,53 @@ def calibration(batches: Sequence[dict[str, np.ndarray]]) -> Any:
     return Reader()
 
 
+def export_bert(path: Any, attn_implementation: str | None = None, **config: Any) -> None:
+    """A random Hugging Face BERT (its last hidden state from inputs `ids` and `mask`, batch
+    and length dynamic) written to `path` by torch's TorchScript exporter at opset 17.
+    `config` overrides the small default sizes; vocabulary 300 unless given."""
+    import warnings
+
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    sizes = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=300,
+    )
+    config_ = transformers.BertConfig(**{**sizes, **config})
+    if attn_implementation is None:
+        bert = transformers.BertModel(config_).eval()
+    else:
+        bert = transformers.BertModel._from_config(
+            config_, attn_implementation=attn_implementation
+        ).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    ids = torch.randint(0, config_.vocab_size, (2, 7))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hidden().eval(),
+            (ids, torch.ones(2, 7, dtype=torch.long)),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["ids", "mask"],
+            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}},
+        )
+
+
 __all__ = [
     "BACKENDS",
     "BACKEND_NAMES",
@@ -168,6 +215,7 @@ __all__ = [
     "calibration",
     "check",
     "compile_on",
+    "export_bert",
     "ints",
     "make_model",
     "ort_run",

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import ember
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import helper
-from onnx_util import BACKENDS, check, compile_on, make_model, randn
+from onnx_util import BACKENDS, check, compile_on, export_bert, make_model, randn
 
 
 def _attention_model(
@@ -198,42 +199,15 @@ def test_bert_eager_attention_with_dynamic_axes_runs_fused(tmp_path) -> None:
     positions are `min(s, max_positions)` wide and its mask `s`, so the scores reach the
     mask through an `expand` of the key axis. The attention is still recovered; a length
     past the position table is refused, never computed on mismatched shapes."""
-    import warnings
-
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
+    path = tmp_path / "bert.onnx"
+    export_bert(
+        path,
+        attn_implementation="eager",
         hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         intermediate_size=64,
         vocab_size=100,
         max_position_embeddings=16,
     )
-    bert = transformers.BertModel._from_config(config, attn_implementation="eager").eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    path = tmp_path / "bert.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Hidden().eval(),
-            (torch.randint(0, 100, (2, 7)), torch.ones(2, 7, dtype=torch.long)),
-            str(path),
-            dynamo=False,
-            opset_version=17,
-            input_names=["ids", "mask"],
-            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}},
-        )
-    import onnx
-
     model = onnx.load(str(path))
     compiled = ember.compile_onnx(model)
     ir = compiled.ir()

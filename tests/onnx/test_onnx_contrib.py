@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnx_util import BACKENDS, check, compile_on, randn, tolerance
+from onnx_util import BACKENDS, check, compile_on, export_bert, randn, tolerance
 
 MS = "com.microsoft"
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -117,43 +117,13 @@ def test_bert_optimized_by_onnx_runtimes_transformer_optimizer(tmp_path) -> None
     compiles and matches ONNX Runtime. `test_onnx_ms_attention.py` has those fusions on."""
     import warnings
 
-    import torch
-
-    transformers = pytest.importorskip("transformers")
     optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
     from onnxruntime.transformers.fusion_options import FusionOptions
 
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=300,
-    )
-    bert = transformers.BertModel(config).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    ids, mask = torch.randint(0, 300, (2, 7)), torch.ones(2, 7, dtype=torch.long)
     exported, optimized = tmp_path / "bert.onnx", tmp_path / "bert_opt.onnx"
+    export_bert(exported)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            Hidden().eval(),
-            (ids, mask),
-            str(exported),
-            dynamo=False,
-            opset_version=17,
-            input_names=["ids", "mask"],
-            dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}},
-        )
         options = FusionOptions("bert")
         options.enable_attention = False
         options.enable_embed_layer_norm = False

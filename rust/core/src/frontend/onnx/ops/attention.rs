@@ -295,38 +295,52 @@ fn finish(
     present_v: ValueId,
 ) -> Result<Vec<Val>> {
     let softcap = n.float("softcap", 0.0)? as f64;
-    let y = if softcap > 0.0 {
-        soft_capped(ctx, q4, kr, vr, mask, ir_causal, scale, softcap)?
-    } else {
-        let mut inputs = vec![q4, kr, vr];
-        inputs.extend(mask);
-        ctx.b.op(
-            Op::Attention {
-                scale,
-                causal: ir_causal,
-                has_mask: mask.is_some(),
-            },
-            &inputs,
-        )?
-    };
+    let y = scaled_dot_product(ctx, [q4, kr, vr], mask, ir_causal, scale, softcap)?;
     let y = match rank {
         4 => y,
-        _ => {
-            let ys = ctx.b.shape(y);
-            let t = ctx.b.permute(y, vec![0, 2, 1, 3])?;
-            let width = Dim::binary(crate::dim::DimOp::Mul, ys[1].clone(), ys[3].clone());
-            ctx.b
-                .reshape(t, vec![ys[0].clone(), ys[2].clone(), width])?
-        }
+        _ => merge_heads(ctx, y)?,
     };
     Ok(vec![Val::of(y), Val::of(present_k), Val::of(present_v)])
+}
+
+/// The IR's fused attention over `[B, heads, S, D]` operands, or its decomposition when
+/// the scores are soft-capped (`softcap > 0`), which the fused op does not have.
+pub(super) fn scaled_dot_product(
+    ctx: &mut Ctx,
+    [q, k, v]: [ValueId; 3],
+    mask: Option<ValueId>,
+    causal: bool,
+    scale: f64,
+    softcap: f64,
+) -> Result<ValueId> {
+    if softcap > 0.0 {
+        return soft_capped(ctx, q, k, v, mask, causal, scale, softcap);
+    }
+    let mut inputs = vec![q, k, v];
+    inputs.extend(mask);
+    ctx.b.op(
+        Op::Attention {
+            scale,
+            causal,
+            has_mask: mask.is_some(),
+        },
+        &inputs,
+    )
+}
+
+/// `[B, heads, S, D]` → `[B, S, heads·D]`.
+pub(super) fn merge_heads(ctx: &mut Ctx, y: ValueId) -> Result<ValueId> {
+    let ys = ctx.b.shape(y);
+    let t = ctx.b.permute(y, vec![0, 2, 1, 3])?;
+    let width = Dim::binary(crate::dim::DimOp::Mul, ys[1].clone(), ys[3].clone());
+    ctx.b.reshape(t, vec![ys[0].clone(), ys[2].clone(), width])
 }
 
 /// Attention with `softcap · tanh(scores / softcap)` before the mask, which the IR's fused
 /// op does not have: the products, the cap, the mask, a softmax and zeros for rows whose
 /// every key is masked (as the fused op gives them).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn soft_capped(
+fn soft_capped(
     ctx: &mut Ctx,
     q: ValueId,
     k: ValueId,

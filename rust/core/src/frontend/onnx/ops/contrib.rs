@@ -200,25 +200,12 @@ fn q_embed_layer_norm(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     embeddings_normalized(ctx, n, true)
 }
 
-/// `(q − zero) · scale` for the 8-bit input `k` (or its looked-up rows `q`).
+/// `(q − zero) · scale` for the 8-bit input `k` (or its looked-up rows `q`), with the scale
+/// and zero point at inputs `k + 6` and `k + 11`.
 fn dequantized(ctx: &mut Ctx, n: &Node, k: usize, q: ValueId) -> Result<ValueId> {
     let scale = float_input(ctx, n, k + 6)?;
-    let dtype = ctx.b.dtype(scale);
     let zero = ctx.input(n, k + 11)?;
-    let q = ctx.b.cast(q, dtype)?;
-    let zero = ctx.b.cast(zero, dtype)?;
-    let centered = ctx.b.binary_in(
-        BinaryOp::Sub,
-        Operand::Tensor(q),
-        Operand::Tensor(zero),
-        dtype,
-    )?;
-    ctx.b.binary_in(
-        BinaryOp::Mul,
-        Operand::Tensor(centered),
-        Operand::Tensor(scale),
-        dtype,
-    )
+    super::quant::dequantize_with(ctx, q, scale, Some(zero))
 }
 
 fn embeddings_normalized(ctx: &mut Ctx, n: &Node, quantized: bool) -> Result<Vec<Val>> {
@@ -232,11 +219,8 @@ fn embeddings_normalized(ctx: &mut Ctx, n: &Node, quantized: bool) -> Result<Vec
     let dtype = ctx.b.dtype(typed);
     let table = |ctx: &mut Ctx, k: usize| -> Result<ValueId> {
         let t = ctx.input(n, k)?;
-        let want_quantized = matches!(ctx.b.dtype(t), DType::U8 | DType::I8);
-        if ctx.b.rank(t) != 2
-            || (quantized != want_quantized)
-            || (!quantized && ctx.b.dtype(t) != dtype)
-        {
+        let is_8bit = matches!(ctx.b.dtype(t), DType::U8 | DType::I8);
+        if ctx.b.rank(t) != 2 || (quantized != is_8bit) || (!quantized && ctx.b.dtype(t) != dtype) {
             let kind = if quantized {
                 "8-bit".to_string()
             } else {

@@ -8,7 +8,9 @@
 //! averages its keys), the causal frontier hides keys outright, and
 //! `GroupQueryAttention` reads per-sequence lengths (`seqlens_k`) at run time.
 
-use super::attention::{const_dim, float_input, positions, rotate, soft_capped, split_heads};
+use super::attention::{
+    const_dim, float_input, merge_heads, positions, rotate, scaled_dot_product, split_heads,
+};
 use super::{bin, Handler};
 use crate::dim::{Dim, DimOp};
 use crate::dtype::{DType, Scalar};
@@ -28,14 +30,6 @@ pub const OPS: &[(&str, Handler)] = &[
 
 pub fn handler(op: &str) -> Option<Handler> {
     OPS.iter().find(|(name, _)| *name == op).map(|&(_, h)| h)
-}
-
-/// `[B, heads, S, D]` → `[B, S, heads·D]`.
-fn merge_heads(ctx: &mut Ctx, y: ValueId) -> Result<ValueId> {
-    let ys = ctx.b.shape(y);
-    let t = ctx.b.permute(y, vec![0, 2, 1, 3])?;
-    let width = Dim::binary(DimOp::Mul, ys[1].clone(), ys[3].clone());
-    ctx.b.reshape(t, vec![ys[0].clone(), ys[2].clone(), width])
 }
 
 /// The `scale` attribute, 0 (the default) meaning `1/√head`.
@@ -238,16 +232,7 @@ fn masked_attention(
             }
         });
     }
-    let mut inputs = vec![q4, k4, v4];
-    inputs.extend(mask);
-    ctx.b.op(
-        Op::Attention {
-            scale,
-            causal: ir_causal,
-            has_mask: mask.is_some(),
-        },
-        &inputs,
-    )
+    scaled_dot_product(ctx, [q4, k4, v4], mask, ir_causal, scale, 0.0)
 }
 
 /// Input positions of what `Attention` and `QAttention` share after their projections.
@@ -686,6 +671,18 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         Some(pk) => ctx.b.shape(pk)[2].clone(),
         None => Dim::Const(0),
     };
+    // ONNX Runtime accepts a total of the past buffer plus the new keys (a growing cache)
+    // or at most the buffer (a static one); other constant lengths are refused here. (With
+    // symbolic lengths the cache rows read are clamped into range either way.)
+    if let (Some(t), Some(sv), Some(p)) = (total.as_const(), s.as_const(), buffer.as_const()) {
+        if t != p + sv && !(p > 0 && t <= p) {
+            return Err(n.err(format!(
+                "total_sequence_length {t} for {sv} new keys after a past buffer of {p} \
+                 (it must be {} or at most the buffer)",
+                p + sv
+            )));
+        }
+    }
     let present_len = match past_k {
         Some(_) => Dim::binary(DimOp::Max, total.clone(), buffer.clone()),
         None => total.clone(),
@@ -728,17 +725,7 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let vr = ctx.b.repeat_heads(present_v, &q_heads)?;
     let scale = scale_of(n, head as usize)?;
     let softcap = n.float("softcap", 0.0)? as f64;
-    let y = match softcap > 0.0 {
-        true => soft_capped(ctx, q4, kr, vr, Some(mask), false, scale, softcap)?,
-        false => ctx.b.op(
-            Op::Attention {
-                scale,
-                causal: false,
-                has_mask: true,
-            },
-            &[q4, kr, vr, mask],
-        )?,
-    };
+    let y = scaled_dot_product(ctx, [q4, kr, vr], Some(mask), false, scale, softcap)?;
     Ok(vec![
         Val::of(merge_heads(ctx, y)?),
         Val::of(present_k),
