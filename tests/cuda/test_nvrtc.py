@@ -124,6 +124,8 @@ def _sources() -> dict[str, dict]:
             [rand(32, 64).to(torch.int8), rand(64, 24).to(torch.int8)],
         )
     )
+    # An int4 product whose weight stays packed (ONNX Runtime's `MatMulNBits`).
+    out["int4_product"] = cuda.generated_source(_core.load_onnx(data=_int4_model()))
     for name, model, args in cases:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
@@ -139,6 +141,39 @@ def _sources() -> dict[str, dict]:
             # Tensor-core attention, the backends' default on sm_80 and newer.
             out[f"{name}+{MMA}"] = cuda.generated_source(program, MMA)
     return out
+
+
+def _int4_model() -> bytes:
+    """One `MatMulNBits` (4 bits, blocks of 32, packed zero points) on rows of any count."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k, block = 24, 64, 32
+    g = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 256, (n, k // block, block // 2), generator=g, dtype=torch.uint8)
+    zeros = torch.randint(0, 256, (n, 1), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // block, generator=g) * 0.1
+    node = helper.make_node(
+        "MatMulNBits",
+        ["a", "b", "scales", "zeros"],
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block,
+    )
+    graph = helper.make_graph(
+        [node],
+        "int4",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["rows", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
+        [
+            numpy_helper.from_array(t.numpy(), name)
+            for name, t in (("b", packed), ("scales", scales), ("zeros", zeros))
+        ],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
 
 
 def _dynamic_program(name: str, model: torch.nn.Module, args: list[torch.Tensor]) -> Any:
@@ -167,6 +202,9 @@ def test_every_generated_kernel_compiles_with_nvrtc():
         for k in gen["kernels"]:
             assert gen["source"].count(f" {k}(") == 1, f"{name}: kernel {k} defined twice"
     assert len(distinct) >= 10, f"only {len(distinct)} kernels generated"
+    # The int4 product is one launch reading the packed bytes (no float weight made first).
+    int4 = sources["int4_product"]
+    assert int4["steps"] == 1 and "const unsigned char* __restrict__" in int4["source"]
     for choice in PRODUCT_CHOICES:
         base, chosen = sources["decode"], sources[f"decode+{choice}"]
         assert chosen["source"] != base["source"], f"{choice} changed nothing"

@@ -139,6 +139,19 @@ def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+# ONNX Runtime's uint8 × int8 products on CPUs without VNNI (AVX2's `vpmaddubsw`) add
+# pairs of products in saturating int16: with int8 weights of 8 bits its results are wrong
+# there (255·127·2 > 32767), which is why its quantizer has `reduce_range`. Tests that use
+# it as the reference for such products draw int8 weights from 7 bits, which every CPU
+# multiplies exactly; the full range is checked against numpy's int64 products.
+ORT_EXACT_INT8 = (-64, 64)
+
+
+def int8_weights(g: np.random.Generator, *shape: int) -> np.ndarray:
+    """Random int8 weights that ONNX Runtime multiplies by uint8 exactly on every CPU."""
+    return g.integers(*ORT_EXACT_INT8, size=shape, dtype=np.int8)
+
+
 def randn(*shape: int, seed: int = 0, dtype: Any = np.float32) -> np.ndarray:
     return rng(seed).standard_normal(shape).astype(dtype)
 

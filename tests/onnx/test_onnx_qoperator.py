@@ -21,6 +21,7 @@ from onnx_util import (
     calibration,
     check,
     compile_on,
+    int8_weights,
     make_model,
     ort_run,
     randn,
@@ -123,9 +124,9 @@ def qlinear_conv_model(x, w, per_channel: bool, group: int = 1, stride: int = 1)
     g = rng(3)
     o = w.shape[0]
     w_scale = (
-        g.uniform(0.002, 0.02, size=o).astype(np.float32)
+        g.uniform(0.004, 0.04, size=o).astype(np.float32)
         if per_channel
-        else np.array(0.01, np.float32)
+        else np.array(0.02, np.float32)
     )
     inits = {
         "xs": np.array(0.05, np.float32),
@@ -152,7 +153,7 @@ def qlinear_conv_model(x, w, per_channel: bool, group: int = 1, stride: int = 1)
 def test_qlinear_conv(per_channel, group, stride) -> None:
     g = rng(4)
     x = g.integers(0, 256, size=(2, 8, 10, 10), dtype=np.uint8)
-    w = g.integers(-127, 128, size=(8, 8 // group, 3, 3), dtype=np.int8)
+    w = int8_weights(g, 8, 8 // group, 3, 3)
     model = qlinear_conv_model(x, w, per_channel, group, stride)
     (want,) = ort_run(model, {"x": x})
     (got,) = ember.compile_onnx(model)(x=x)
@@ -168,11 +169,12 @@ def test_qlinear_matmul(b_type, batched) -> None:
     g = rng(5)
     shape = (3, 7, 40) if batched else (7, 40)
     a = g.integers(0, 256, size=shape, dtype=np.uint8)
-    info = np.iinfo(b_type)
     inits = {
         "as": np.array(0.02, np.float32),
         "az": np.array(100, np.uint8),
-        "b": g.integers(info.min, int(info.max) + 1, size=(40, 12), dtype=b_type),
+        "b": int8_weights(g, 40, 12)
+        if b_type == np.int8
+        else g.integers(0, 256, size=(40, 12), dtype=b_type),
         "bs": np.array(0.03, np.float32),
         "bz": np.array(3, b_type),
         "ys": np.array(0.5, np.float32),
@@ -195,7 +197,7 @@ def test_qgemm(output, per_column) -> None:
         "as": np.array(0.02, np.float32),
         "az": np.array(90, np.uint8),
         # transB: the weight is stored [N, K], as quantize_static writes it.
-        "b": g.integers(-128, 128, size=(n, 50), dtype=np.int8),
+        "b": int8_weights(g, n, 50),
         "bs": g.uniform(0.01, 0.04, size=n).astype(np.float32)
         if per_column
         else np.array(0.02, np.float32),

@@ -72,7 +72,7 @@ impl CostModel for DefaultCost {
             op if op.is_view() => 1.0,
             // A backend kernel is an alternative to measure, not a default: a hair dearer.
             Op::Kernel { base, .. } => self.node_cost(base, inputs, output) * 1.02 + 1.0,
-            Op::Dot | Op::IntegerDot => {
+            Op::Dot | Op::IntegerDot | Op::BlockQuantDot { .. } => {
                 let k = inputs
                     .first()
                     .and_then(|a| a.shape.last())

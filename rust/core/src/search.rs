@@ -692,7 +692,9 @@ fn product_terms(graph: &Graph, env: &SymbolBindings) -> f64 {
     let mut terms = 0.0;
     for (id, n) in graph.nodes.iter().enumerate() {
         match n.op.base() {
-            Op::Dot | Op::IntegerDot => terms += numel(id) * last(n.inputs[0]),
+            Op::Dot | Op::IntegerDot | Op::BlockQuantDot { .. } => {
+                terms += numel(id) * last(n.inputs[0])
+            }
             Op::Attention { .. } => {
                 // Each query row scores every key (E terms) and sums every value (EV).
                 let (q, k) = (n.inputs[0], n.inputs[1]);

@@ -122,6 +122,12 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
                         && ins[0][..r - 2] == ins[1][..r - 2]
                         && ins[0][r - 1] == ins[1][r - 2]
                 }
+                Op::BlockQuantDot { .. } => {
+                    ins.len() == 4
+                        && ins[0].len() == 2
+                        && ins[1].len() == 2
+                        && out[..] == [ins[0][0], ins[1][0]]
+                }
                 // Every shape attention reads, so that no kernel indexes past an operand
                 // (symbolic dims the compiler assumed equal are checked here, per call).
                 Op::Attention { has_mask, .. } => {

@@ -501,6 +501,14 @@ pub(crate) fn eval(
         Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
         Op::Argsort { axis, descending } => reduce::argsort(arg(0)?, *axis, *descending),
         Op::GroupedDot => dot::grouped_dot(arg(0)?, arg(1)?, arg(2)?, threads),
+        Op::BlockQuantDot { bits, block } => crate::kernels::block_quant_dot::block_quant_dot(
+            arg(0)?,
+            arg(1)?,
+            arg(2)?,
+            arg(3)?,
+            (*bits, *block),
+            threads,
+        ),
         Op::Softmax { axis, log } => norm::softmax(arg(0)?, *axis, *log),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => Err(CpuError::Internal(
             "norms are written into a destination (`rows_into`)".into(),

@@ -237,6 +237,57 @@ pub(crate) fn grouped_dot(x: &Value, w: &Value, ends: &Value) -> R<Value> {
     Ok(Value::from_data(x.dtype, vec![s, n], data))
 }
 
+/// `BlockQuantDot`: `x · wᵀ` with row n of `w` unpacked from `packed` (values `bits` wide,
+/// low bits first) as `(q − zeros[n, b]) · scales[n, b]` for block `b = k / block`.
+pub(crate) fn block_quant_dot(
+    x: &Value,
+    packed: &Value,
+    scales: &Value,
+    zeros: &Value,
+    bits: u8,
+    block: usize,
+) -> R<Value> {
+    let ([m, k], [n, row_bytes]) = (x.shape.as_slice(), packed.shape.as_slice()) else {
+        return Err(format!(
+            "block_quant_dot of {:?} and {:?}",
+            x.shape, packed.shape
+        ));
+    };
+    let (m, k, n, row_bytes) = (*m, *k, *n, *row_bytes);
+    let blocks = k.div_ceil(block.max(1));
+    let (Data::I(q), Data::F(s), Data::F(z)) = (&packed.data, &scales.data, &zeros.data) else {
+        return Err("block_quant_dot needs uint8 packed values and float scales and zeros".into());
+    };
+    let bits = bits as usize;
+    if !matches!(bits, 2 | 4 | 8)
+        || row_bytes * 8 != blocks * block * bits
+        || s.len() != n * blocks
+        || z.len() != n * blocks
+    {
+        return Err(format!(
+            "block_quant_dot: {bits}-bit blocks of {block} for K={k} do not fit packed {:?}, \
+             scales {:?}, zeros {:?}",
+            packed.shape, scales.shape, zeros.shape
+        ));
+    }
+    let xs = floats(x, "block_quant_dot's x")?;
+    let mask = (1i64 << bits) - 1;
+    let mut w = vec![0f64; k];
+    let mut out = vec![0f64; m * n];
+    for row in 0..n {
+        let bytes = &q[row * row_bytes..][..row_bytes];
+        for (c, wc) in w.iter_mut().enumerate() {
+            let v = (bytes[c * bits / 8] >> (c * bits % 8)) & mask;
+            let at = row * blocks + c / block;
+            *wc = (v as f64 - z[at]) * s[at];
+        }
+        for i in 0..m {
+            out[i * n + row] = xs[i * k..][..k].iter().zip(&w).map(|(a, b)| a * b).sum();
+        }
+    }
+    Ok(Value::from_data(x.dtype, vec![m, n], Data::F(out)))
+}
+
 fn floats<'a>(x: &'a Value, what: &str) -> R<&'a [f64]> {
     match &x.data {
         Data::F(v) => Ok(v),

@@ -229,6 +229,51 @@ pub fn infer_type(
             shape.push(b.shape[r - 1].clone());
             TensorType::new(if integer { DType::I32 } else { a.dtype }, shape)
         }
+        Op::BlockQuantDot { bits, block } => {
+            arity(op, inputs, 4)?;
+            let (x, w, scales, zeros) = (inputs[0], inputs[1], inputs[2], inputs[3]);
+            let k = x.shape.get(1).and_then(Dim::as_const);
+            let n = w.shape.first().cloned().unwrap_or(Dim::Const(0));
+            let shape_ok = x.rank() == 2
+                && x.dtype.is_float()
+                && w.rank() == 2
+                && w.dtype == DType::U8
+                && matches!(bits, 2 | 4 | 8)
+                && *block > 0;
+            let Some(k) = k.filter(|_| shape_ok) else {
+                return shape_err(format!(
+                    "block_quant_dot needs x [M, K] (float, K constant) and packed uint8 [N, bytes] \
+                     of 2-, 4- or 8-bit values: {} {} x {} {}",
+                    x.dtype,
+                    format_shape(&x.shape),
+                    w.dtype,
+                    format_shape(&w.shape)
+                ));
+            };
+            let blocks = (k as usize).div_ceil(*block);
+            let row_bytes = blocks * block * *bits as usize / 8;
+            same_dim(
+                &w.shape[1],
+                &Dim::Const(row_bytes as i64),
+                "block_quant_dot row bytes",
+            )?;
+            for (what, t) in [("scales", scales), ("zeros", zeros)] {
+                if t.dtype != DType::F32 || t.rank() != 2 {
+                    return shape_err(format!(
+                        "block_quant_dot {what} must be f32 [N, blocks], got {} {}",
+                        t.dtype,
+                        format_shape(&t.shape)
+                    ));
+                }
+                same_dim(&t.shape[0], &n, "block_quant_dot rows")?;
+                same_dim(
+                    &t.shape[1],
+                    &Dim::Const(blocks as i64),
+                    "block_quant_dot blocks",
+                )?;
+            }
+            TensorType::new(x.dtype, vec![x.shape[0].clone(), n])
+        }
         Op::Reshape { shape } => {
             let x = single_input(op, inputs)?;
             same_dim(&numel(&x.shape), &numel(shape), "reshape element count")?;

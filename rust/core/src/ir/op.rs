@@ -326,6 +326,16 @@ pub enum Op {
     /// product and sum exact (wrapping past the int32 range, as int32 accumulation does):
     /// the core of quantized matrix products (ONNX `MatMulInteger`, QDQ `MatMul`).
     IntegerDot,
+    /// `x · wᵀ` with `w` `[N, K]` stored block-quantized (ONNX Runtime's `MatMulNBits`):
+    /// inputs x `[M, K]` (float), packed `[N, blocks · block · bits / 8]` (uint8, each row's
+    /// values `bits` wide, low bits first, `blocks = ⌈K / block⌉`), scales and zeros
+    /// `[N, blocks]` (f32). Weight element `(n, k)` is `(q − zeros[n, b]) · scales[n, b]`
+    /// with `b = k / block`; out `[M, N]` in x's dtype. Kept packed so an int4 model's
+    /// weights stay a quarter-byte per element and its products read that much.
+    BlockQuantDot {
+        bits: u8,
+        block: usize,
+    },
     /// Same elements, new shape (element count preserved).
     Reshape {
         shape: Vec<Dim>,
@@ -468,6 +478,7 @@ impl Op {
             Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
             Op::Dot => "dot".into(),
             Op::IntegerDot => "integer_dot".into(),
+            Op::BlockQuantDot { .. } => "block_quant_dot".into(),
             Op::Reshape { .. } => "reshape".into(),
             Op::Permute { .. } => "permute".into(),
             Op::Expand { .. } => "expand".into(),

@@ -1,6 +1,7 @@
 //! The kernels, by op family, and the row helpers several of them share.
 
 pub mod attention;
+pub mod block_quant_dot;
 pub mod chain;
 pub mod conv;
 pub mod dot;

@@ -186,6 +186,7 @@ impl<'a> Generator<'a> {
             Op::Cumsum { axis } => self.cumsum(id, *axis),
             Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
             Op::GroupedDot => self.grouped_dot(id),
+            Op::BlockQuantDot { bits, block } => self.block_quant_dot(id, *bits, *block),
             Op::Attention { .. } => self.attention(id),
             Op::Kernel { base, .. } if matches!(**base, Op::Attention { .. }) => self.attention(id),
             Op::Conv {

@@ -202,6 +202,7 @@ fn is_heavy(op: &Op) -> bool {
             | Op::Cumsum { .. }
             | Op::Argsort { .. }
             | Op::GroupedDot
+            | Op::BlockQuantDot { .. }
             | Op::Attention { .. }
             | Op::Conv { .. }
             | Op::Pool { .. }
@@ -230,6 +231,7 @@ fn inlines_compute(op: &Op) -> bool {
         Op::Dot
             | Op::IntegerDot
             | Op::GroupedDot
+            | Op::BlockQuantDot { .. }
             | Op::Argsort { .. }
             | Op::Attention { .. }
             | Op::Conv { .. }

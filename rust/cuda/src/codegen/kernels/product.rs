@@ -50,6 +50,65 @@ impl Generator<'_> {
         Ok(self.add(id, body, Launch::Elements(numel(&out))))
     }
 
+    /// Product with a block-quantized weight (`BlockQuantDot`), one warp per output
+    /// element: lanes take every 32nd term, unpacking their weight value from its byte
+    /// (`bits` wide, low bits first) as `(q − zero) · scale`. The weight is read at its
+    /// packed size, which is what a decode step's matrix-vector products are bound by.
+    pub(super) fn block_quant_dot(
+        &mut self,
+        id: usize,
+        bits: u8,
+        block: usize,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let n = &g.nodes[id];
+        let dtype = n.ty.dtype;
+        let acc = accumulate_type(dtype);
+        let [x, w, scales, zeros] = n.inputs[..] else {
+            return Err(CodegenError {
+                op: n.op.name(),
+                node: n.origin.to_string(),
+                detail: format!("takes 4 inputs, got {}", n.inputs.len()),
+            });
+        };
+        let out = n.ty.shape.clone();
+        let mut e = self.emitter(None);
+        e.line(format!("__shared__ {acc} smem[1024];"));
+        e.line(format!("const i64 n = {};", e.dims.product(&out)));
+        e.line(format!("const i64 K = {};", e.dim(&g.nodes[x].ty.shape[1])));
+        e.line("const i64 lane = threadIdx.x & 31;");
+        e.open("for (i64 base = (i64)blockIdx.x * blockDim.x; base < n * 32; base += (i64)gridDim.x * blockDim.x)");
+        e.line("const i64 i = (base + threadIdx.x) >> 5;");
+        e.line(format!("{acc} s = 0;"));
+        e.open("if (i < n)");
+        let oidx = e.unravel("i", &out);
+        let (row, col) = (oidx[0].clone(), oidx[1].clone());
+        e.line("#pragma unroll 4");
+        e.open("for (i64 k = lane; k < K; k += 32)");
+        e.line(format!("const i64 blk = k / {block};"));
+        let byte = e.value(w, &[col.clone(), format!("(k * {bits}) / 8")])?;
+        let scale = e.value(scales, &[col.clone(), "blk".into()])?;
+        let zero = e.value(zeros, &[col, "blk".into()])?;
+        let xv = e.value(x, &[row, "k".into()])?;
+        e.line(format!(
+            "const unsigned q = ((unsigned)({byte}) >> ((k * {bits}) % 8)) & {}u;",
+            (1u32 << bits) - 1
+        ));
+        e.line(format!(
+            "s += ({acc})({xv}) * ((({acc})q - ({acc})({zero})) * ({acc})({scale}));"
+        ));
+        e.close();
+        e.close();
+        e.line("s = ember_warp_reduce(s, smem, EmberSum());");
+        e.open("if (i < n && lane == 0)");
+        e.line(format!("out[i] = {};", store(dtype, "s")));
+        e.close();
+        e.close();
+        let body = Body::of(e, true);
+        let threads = numel(&out) * ember_core::dim::Dim::from(32usize);
+        Ok(self.add(id, body, Launch::Elements(threads)))
+    }
+
     /// Matrix product with one thread per output element: for dtypes cuBLASLt does not
     /// take (integers), and the optimizer's `cuda.thread_dot` choice.
     pub(super) fn dot(

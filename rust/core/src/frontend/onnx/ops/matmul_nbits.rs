@@ -1,21 +1,22 @@
 //! `com.microsoft.MatMulNBits`: a product with block-quantized 2-, 4- or 8-bit weights, as
 //! ONNX Runtime's `MatMulNBitsQuantizer` and its LLM builders (int4 models) write it.
 //!
-//! The packed weights, scales and zero points are initializers, so the weight is
-//! dequantized once, while translating, into a float weight of the input's type, and the
-//! node becomes an ordinary product the backends already run fast. That keeps the numbers
-//! exactly the dequantized product (what ONNX Runtime computes at `accuracy_level` 0 or 1;
-//! at level 4 it rounds the activations to int8 first, about 0.5 % off), at the cost of
-//! holding the weight in float (8× the int4 bytes).
+//! The packed weights, scales and zero points are initializers. They stay packed: the node
+//! becomes one `BlockQuantDot` over A's rows, whose kernels unpack each block as they use
+//! it, so an int4 model holds and reads a half byte per weight (plus a scale and a zero
+//! point per block). The numbers are the dequantized product's, what ONNX Runtime computes
+//! at `accuracy_level` 0 or 1 (at level 4 it rounds the activations to int8 first, about
+//! 0.5 % off). Only weights whose columns `g_idx` regroups are dequantized here, once, to
+//! an ordinary float product.
 
 use super::Handler;
-use crate::dim::Dim;
+use crate::dim::{numel, Dim};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::tensor::{floats, Decoded};
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::BinaryOp;
+use crate::ir::{BinaryOp, Op};
 
 pub fn handler(op: &str) -> Option<Handler> {
     match op {
@@ -63,14 +64,21 @@ fn layout(node: &Node) -> Result<Layout> {
     })
 }
 
-/// The float weight `[K, N]` (transposed: the product's right operand) in `dtype`.
-fn dequantize(
+/// Scales and zero points per (row, block), and the packed bytes `[N, blocks · blob]`,
+/// checked against the layout.
+struct Quantized<'a> {
+    packed: &'a [u8],
+    scales: Vec<f64>,
+    zero_points: Vec<f64>,
+}
+
+fn quantized<'a>(
     node: &Node,
     l: &Layout,
-    parts: [Option<&Decoded>; 4],
-    dtype: DType,
-) -> Result<Decoded> {
-    let [b, scales, zeros, g_idx] = parts;
+    b: Option<&'a Decoded>,
+    scales: Option<&Decoded>,
+    zeros: Option<&Decoded>,
+) -> Result<Quantized<'a>> {
     let b = b.ok_or_else(|| {
         node.unsupported("packed weights computed at run time (B must be an initializer)")
     })?;
@@ -115,26 +123,38 @@ fn dequantize(
             z
         }
     };
-    let groups: Vec<usize> = match g_idx {
-        None => (0..l.k).map(|c| c / l.block).collect(),
-        Some(g) => {
-            let g = crate::frontend::onnx::tensor::ints(g).unwrap_or_default();
-            if g.len() != l.k || g.iter().any(|&x| x < 0 || x as usize >= l.blocks) {
-                return Err(node.err(format!(
-                    "g_idx must hold K = {} block numbers below {}",
-                    l.k, l.blocks
-                )));
-            }
-            g.into_iter().map(|x| x as usize).collect()
-        }
-    };
+    Ok(Quantized {
+        packed: &b.bytes,
+        scales,
+        zero_points,
+    })
+}
+
+/// The float weight `[K, N]` (transposed: the product's right operand) in `dtype`, for
+/// weights whose columns are grouped by `g_idx` (the packed product reads blocks of
+/// consecutive columns only).
+fn dequantize(
+    node: &Node,
+    l: &Layout,
+    q: &Quantized,
+    g_idx: &Decoded,
+    dtype: DType,
+) -> Result<Decoded> {
+    let g = crate::frontend::onnx::tensor::ints(g_idx).unwrap_or_default();
+    if g.len() != l.k || g.iter().any(|&x| x < 0 || x as usize >= l.blocks) {
+        return Err(node.err(format!(
+            "g_idx must hold K = {} block numbers below {}",
+            l.k, l.blocks
+        )));
+    }
+    let blob = l.block * l.bits / 8;
     let mut w = vec![0f32; l.k * l.n];
     for row in 0..l.n {
-        let packed = &b.bytes[row * l.blocks * blob..(row + 1) * l.blocks * blob];
-        for (col, &group) in groups.iter().enumerate() {
-            let q = unpack(packed, col, l.bits) as f64;
-            let at = row * l.blocks + group;
-            w[col * l.n + row] = ((q - zero_points[at]) * scales[at]) as f32;
+        let packed = &q.packed[row * l.blocks * blob..(row + 1) * l.blocks * blob];
+        for (col, &group) in g.iter().enumerate() {
+            let v = unpack(packed, col, l.bits) as f64;
+            let at = row * l.blocks + group as usize;
+            w[col * l.n + row] = ((v - q.zero_points[at]) * q.scales[at]) as f32;
         }
     }
     let bytes = match dtype {
@@ -156,6 +176,18 @@ fn dequantize(
     })
 }
 
+/// `[N, blocks]` f32 values (scales or zero points) as a weight.
+fn per_block(l: &Layout, values: &[f64]) -> Decoded {
+    Decoded {
+        dtype: DType::F32,
+        shape: vec![l.n, l.blocks],
+        bytes: values
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect(),
+    }
+}
+
 /// `A · dequantize(B)ᵀ (+ bias)`.
 fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let a = ctx.input(n, 0)?;
@@ -169,11 +201,9 @@ fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(n.err(format!("A's last dim must be K = {}", l.k)));
     }
     let part = |k: usize| ctx.initializer_of(n, k);
-    let (b_name, _) = part(1).ok_or_else(|| {
+    let b_name = part(1).map(|(name, _)| name.to_string()).ok_or_else(|| {
         n.unsupported("packed weights computed at run time (B must be an initializer)")
     })?;
-    // One dequantized weight per packed weight and type, shared by nodes that share them.
-    let name = format!("{b_name}#dequantized.{dtype}");
     for (k, what) in [(2, "scales"), (3, "zero_points"), (4, "g_idx")] {
         if n.input(k).is_some() && part(k).is_none() {
             return Err(n.unsupported(format!(
@@ -182,16 +212,47 @@ fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         }
     }
     let parts = [part(1), part(2), part(3), part(4)].map(|p| p.map(|(_, d)| d.clone()));
-    let w = ctx.weight(&name, || {
-        let [b, s, z, g] = &parts;
-        dequantize(
-            n,
-            &l,
-            [b.as_ref(), s.as_ref(), z.as_ref(), g.as_ref()],
-            dtype,
-        )
-    })?;
-    let mut y = ctx.b.matmul(a, w)?;
+    let [b, scales, zeros, g_idx] = &parts;
+    let q = quantized(n, &l, b.as_ref(), scales.as_ref(), zeros.as_ref())?;
+    // Weights derived from B are named after it, so nodes sharing B share them.
+    let mut y = match g_idx {
+        // Columns regrouped: dequantized once, here, to an ordinary product.
+        Some(g) => {
+            let w = ctx.weight(&format!("{b_name}#dequantized.{dtype}"), || {
+                dequantize(n, &l, &q, g, dtype)
+            })?;
+            ctx.b.matmul(a, w)?
+        }
+        // The weight stays packed: one `BlockQuantDot` over A's rows.
+        None => {
+            let blob = l.block * l.bits / 8;
+            let packed = ctx.weight(&format!("{b_name}#packed"), || {
+                Ok(Decoded {
+                    dtype: DType::U8,
+                    shape: vec![l.n, l.blocks * blob],
+                    bytes: q.packed.to_vec(),
+                })
+            })?;
+            let scales =
+                ctx.weight(&format!("{b_name}#scales"), || Ok(per_block(&l, &q.scales)))?;
+            let zeros = ctx.weight(&format!("{b_name}#zero_points"), || {
+                Ok(per_block(&l, &q.zero_points))
+            })?;
+            let shape = ctx.b.shape(a);
+            let lead = shape[..rank - 1].to_vec();
+            let rows = ctx
+                .b
+                .reshape(a, vec![numel(&lead), Dim::Const(l.k as i64)])?;
+            let op = Op::BlockQuantDot {
+                bits: l.bits as u8,
+                block: l.block,
+            };
+            let y = ctx.b.op(op, &[rows, packed, scales, zeros])?;
+            let mut out = lead;
+            out.push(Dim::Const(l.n as i64));
+            ctx.b.reshape(y, out)?
+        }
+    };
     if let Some(bias) = ctx.opt_input(n, 5)? {
         if ctx.b.shape(bias) != [Dim::Const(l.n as i64)] || ctx.b.dtype(bias) != dtype {
             return Err(n.err(format!("bias must be a [{}] {dtype} vector", l.n)));

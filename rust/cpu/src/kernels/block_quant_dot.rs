@@ -1,0 +1,435 @@
+//! `BlockQuantDot`: a product whose weight stays block-quantized (2-, 4- or 8-bit values,
+//! a scale and a zero point per block of a row; ONNX Runtime's `MatMulNBits`).
+//!
+//! Few rows (decode, small batches): each weight block is unpacked once into a float
+//! buffer, `(q − zero) · scale`, and multiplied with every row of x there, so the weight is
+//! read at its packed size. To keep the unpacking a plain vector loop, values are unpacked
+//! by bit position (all low values of a block's bytes, then the next ones), and x's
+//! columns are put in that order once per call. Many rows (prefill): the weight is
+//! unpacked whole, once per call, and multiplied by the GEMM.
+
+use ember_core::dtype::DType;
+
+use super::dot;
+use super::elementwise::cast;
+use crate::buffer::{Layout, Val};
+use crate::error::{CpuError, KResult};
+use crate::par;
+
+/// Rows of x up to which each block is unpacked and used in place; past it the GEMM on the
+/// unpacked weight wins (its unpacking is paid once for all rows).
+const FEW_ROWS: usize = 4;
+
+/// The shapes of one `BlockQuantDot`.
+#[derive(Clone, Copy)]
+struct Dims {
+    m: usize,
+    k: usize,
+    n: usize,
+    bits: usize,
+    block: usize,
+    blocks: usize,
+    row_bytes: usize,
+}
+
+impl Dims {
+    /// Values per byte.
+    fn per_byte(&self) -> usize {
+        8 / self.bits
+    }
+
+    /// Bytes per block.
+    fn block_bytes(&self) -> usize {
+        self.block * self.bits / 8
+    }
+}
+
+pub fn block_quant_dot(
+    x: &Val,
+    packed: &Val,
+    scales: &Val,
+    zeros: &Val,
+    (bits, block): (u8, usize),
+    threads: usize,
+) -> KResult<Val> {
+    let (bits, block) = (bits as usize, block);
+    let ([m, k], [n, row_bytes]) = (x.shape(), packed.shape()) else {
+        return Err(CpuError::Shape(format!(
+            "block_quant_dot of {:?} and {:?}",
+            x.shape(),
+            packed.shape()
+        )));
+    };
+    let (m, k, n, row_bytes) = (*m, *k, *n, *row_bytes);
+    let blocks = k.div_ceil(block.max(1));
+    let fits = matches!(bits, 2 | 4 | 8)
+        && block >= 8
+        && block.is_multiple_of(8)
+        && row_bytes * 8 == blocks * block * bits
+        && packed.dtype == DType::U8
+        && scales.shape() == [n, blocks]
+        && zeros.shape() == [n, blocks]
+        && scales.dtype == DType::F32
+        && zeros.dtype == DType::F32;
+    if !fits {
+        return Err(CpuError::Shape(format!(
+            "block_quant_dot: {bits}-bit blocks of {block} for K={k} do not fit packed {} {:?}, \
+             scales {} {:?}, zeros {} {:?}",
+            packed.dtype,
+            packed.shape(),
+            scales.dtype,
+            scales.shape(),
+            zeros.dtype,
+            zeros.shape()
+        )));
+    }
+    if x.dtype != DType::F32 {
+        let x32 = cast(x, DType::F32)?;
+        let out = block_quant_dot(&x32, packed, scales, zeros, (bits as u8, block), threads)?;
+        return cast(&out, x.dtype);
+    }
+    let d = Dims {
+        m,
+        k,
+        n,
+        bits,
+        block,
+        blocks,
+        row_bytes,
+    };
+    let (x, packed, scales, zeros) = (
+        x.contiguous()?,
+        packed.contiguous()?,
+        scales.contiguous()?,
+        zeros.contiguous()?,
+    );
+    let (xv, qv, sv, zv) = (
+        x.view::<f32>()?,
+        packed.view::<u8>()?,
+        scales.view::<f32>()?,
+        zeros.view::<f32>()?,
+    );
+    let (xs, q) = (xv.run(0, m * k), qv.run(0, n * row_bytes));
+    let (s, z) = (sv.run(0, n * blocks), zv.run(0, n * blocks));
+    if m <= FEW_ROWS {
+        Val::build::<f32>(DType::F32, &[m, n], |out| {
+            few_rows(out, xs, q, (s, z), d);
+            Ok(())
+        })
+    } else {
+        // Both operands in the unpacking order: the same sums, a GEMM's speed.
+        let padded = blocks * block;
+        let xr = reorder_x(xs, d);
+        let xr = Val::build::<f32>(DType::F32, &[m, padded], |dst| {
+            dst.copy_from_slice(&xr);
+            Ok(())
+        })?;
+        let w = Val::build::<f32>(DType::F32, &[n, padded], |w| {
+            unpack_all(w, q, (s, z), d);
+            Ok(())
+        })?;
+        // x · wᵀ: the GEMM reads the transposed weight as a strided view.
+        let wt = w.with_layout(Layout {
+            shape: vec![padded, n],
+            strides: vec![1, padded as isize],
+            offset: 0,
+        })?;
+        dot::dot(&xr, &wt, threads)
+    }
+}
+
+/// x's columns per block in the unpacking order (`bit_order`), zero past K.
+fn reorder_x(xs: &[f32], d: Dims) -> Vec<f32> {
+    let padded = d.blocks * d.block;
+    let mut out = vec![0f32; d.m * padded];
+    let (per, stream) = (d.per_byte(), d.block_bytes());
+    for i in 0..d.m {
+        let (row, dest) = (&xs[i * d.k..][..d.k], &mut out[i * padded..][..padded]);
+        for (c, &v) in row.iter().enumerate() {
+            let (b, j) = (c / d.block, c % d.block);
+            // Value j of a block sits in byte j / per at bit position j % per.
+            dest[b * d.block + (j % per) * stream + j / per] = v;
+        }
+    }
+    out
+}
+
+/// Rows of `out` `[m, n]` for a few rows of x: parallel over chunks of weight rows.
+fn few_rows(out: &mut [f32], xs: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
+    let xr = reorder_x(xs, d);
+    let chunk = d.n.div_ceil(par::threads().max(1) * 4).clamp(4, 256);
+    let parts = d.n.div_ceil(chunk);
+    // Weight rows are the output's columns: each part fills its own columns of every row.
+    let base = SendPtr(out.as_mut_ptr());
+    par::for_each(parts, |p| {
+        let rows = p * chunk..((p + 1) * chunk).min(d.n);
+        let base = &base;
+        let mut sums = vec![0f32; d.m * rows.len()];
+        rows_dot(&mut sums, &xr, q, sz, d, rows.clone());
+        for i in 0..d.m {
+            for (r, &v) in rows.clone().zip(&sums[i * rows.len()..]) {
+                // SAFETY: (i, r) lies inside `out` ([m, n]); parts cover disjoint columns.
+                unsafe { *base.0.add(i * d.n + r) = v };
+            }
+        }
+    });
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: hands disjoint elements of one exclusively borrowed slice to threads.
+unsafe impl Sync for SendPtr {}
+
+/// `sums[i · rows + j]` = x row i · weight row `rows.start + j` (x in `reorder_x`'s order).
+fn rows_dot(
+    sums: &mut [f32],
+    xr: &[f32],
+    q: &[u8],
+    sz: (&[f32], &[f32]),
+    d: Dims,
+    rows: std::ops::Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::fma_available() && d.block_bytes().is_multiple_of(8) {
+        // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the weight
+        // rows, their scales and zeros, and `m` rows of `blocks · block` reordered x values.
+        unsafe {
+            match d.m {
+                1 => x86::rows_dot::<1>(sums, xr, q, sz, d, rows),
+                2 => x86::rows_dot::<2>(sums, xr, q, sz, d, rows),
+                3 => x86::rows_dot::<3>(sums, xr, q, sz, d, rows),
+                _ => x86::rows_dot::<FEW_ROWS>(sums, xr, q, sz, d, rows),
+            }
+        }
+        return;
+    }
+    rows_dot_portable(sums, xr, q, sz, d, rows)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::Dims;
+
+    /// `rows_dot` for `M` rows of x (`d.m` ≤ M; the sums stay in registers), 8 weights a
+    /// step: bytes widened to 32 bits, shifted to the step's bit position, masked,
+    /// converted, less the block's zero point, multiplied into each row's block sum; each
+    /// block sum is scaled once into the row's total.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn rows_dot<const M: usize>(
+        sums: &mut [f32],
+        xr: &[f32],
+        q: &[u8],
+        (s, z): (&[f32], &[f32]),
+        d: Dims,
+        rows: std::ops::Range<usize>,
+    ) {
+        let (m, padded, bb) = (d.m.min(M), d.blocks * d.block, d.block_bytes());
+        let mask = _mm256_set1_epi32((1 << d.bits) - 1);
+        let count = rows.len();
+        for (j, row) in rows.enumerate() {
+            let mut total = [_mm256_setzero_ps(); M];
+            for b in 0..d.blocks {
+                let at = row * d.blocks + b;
+                let zero = _mm256_set1_ps(z[at]);
+                let bytes = &q[row * d.row_bytes + b * bb..][..bb];
+                let mut block = [_mm256_setzero_ps(); M];
+                for t in 0..d.per_byte() {
+                    let shift = _mm_cvtsi32_si128((t * d.bits) as i32);
+                    let x0 = b * d.block + t * bb;
+                    for c in (0..bb).step_by(8) {
+                        // SAFETY: bytes c..c + 8 lie in the block (bb is a multiple of 8);
+                        // x columns x0 + c.. x0 + c + 8 lie in each of the m padded rows.
+                        unsafe {
+                            let raw = _mm_loadl_epi64(bytes.as_ptr().add(c) as *const __m128i);
+                            let v = _mm256_srl_epi32(_mm256_cvtepu8_epi32(raw), shift);
+                            let w =
+                                _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), zero);
+                            for (i, acc) in block.iter_mut().enumerate().take(m) {
+                                let x = _mm256_loadu_ps(xr.as_ptr().add(i * padded + x0 + c));
+                                *acc = _mm256_fmadd_ps(w, x, *acc);
+                            }
+                        }
+                    }
+                }
+                let scale = _mm256_set1_ps(s[at]);
+                for i in 0..m {
+                    total[i] = _mm256_fmadd_ps(block[i], scale, total[i]);
+                }
+            }
+            for (i, t) in total.iter().enumerate().take(m) {
+                sums[i * count + j] = hsum(*t);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+    }
+
+    /// `super::unpack_rows` compiled for AVX2 (its loop vectorizes).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn unpack_rows(
+        w: &mut [f32],
+        first: usize,
+        q: &[u8],
+        sz: (&[f32], &[f32]),
+        d: Dims,
+    ) {
+        super::unpack_rows(w, first, q, sz, d)
+    }
+}
+
+/// `rows_dot` without SIMD intrinsics: each block unpacked (`unpack_bit_order`), then
+/// multiplied with every row.
+fn rows_dot_portable(
+    sums: &mut [f32],
+    xr: &[f32],
+    q: &[u8],
+    (s, z): (&[f32], &[f32]),
+    d: Dims,
+    rows: std::ops::Range<usize>,
+) {
+    let padded = d.blocks * d.block;
+    let count = rows.len();
+    let mut w = vec![0f32; d.block];
+    for (j, row) in rows.enumerate() {
+        let mut total = vec![0f32; d.m];
+        for b in 0..d.blocks {
+            let at = row * d.blocks + b;
+            let bytes = &q[row * d.row_bytes + b * d.block_bytes()..][..d.block_bytes()];
+            unpack_bit_order(&mut w, bytes, (s[at], z[at]), d.bits);
+            for (i, t) in total.iter_mut().enumerate() {
+                let xb = &xr[i * padded + b * d.block..][..d.block];
+                *t += w.iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
+            }
+        }
+        for (i, t) in total.iter().enumerate() {
+            sums[i * count + j] = *t;
+        }
+    }
+}
+
+/// One block's weights, `(q − zero) · scale`, by bit position: every byte's lowest value,
+/// then the next ones (`reorder_x` puts x in the same order).
+#[inline(always)]
+fn unpack_bit_order(w: &mut [f32], bytes: &[u8], (scale, zero): (f32, f32), bits: usize) {
+    let mask = ((1u16 << bits) - 1) as u8;
+    for (t, part) in w.chunks_exact_mut(bytes.len()).enumerate() {
+        let shift = t * bits;
+        for (v, &byte) in part.iter_mut().zip(bytes) {
+            *v = (((byte >> shift) & mask) as f32 - zero) * scale;
+        }
+    }
+}
+
+/// The whole weight unpacked, `[n, blocks · block]` with each block in `reorder_x`'s
+/// order (so a GEMM with the reordered x sums the same terms), rows in parallel.
+fn unpack_all(w: &mut [f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
+    let padded = d.blocks * d.block;
+    par::for_chunks_mut(w, padded * 16, |start, part| {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::fma_available() {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe { x86::unpack_rows(part, start / padded, q, sz, d) };
+            return;
+        }
+        unpack_rows(part, start / padded, q, sz, d)
+    });
+}
+
+/// Weight rows `first..` unpacked into `w` (whole padded rows).
+#[inline(always)]
+fn unpack_rows(w: &mut [f32], first: usize, q: &[u8], (s, z): (&[f32], &[f32]), d: Dims) {
+    let bb = d.block_bytes();
+    for (r, row) in w.chunks_exact_mut(d.blocks * d.block).enumerate() {
+        let n = first + r;
+        for (b, part) in row.chunks_exact_mut(d.block).enumerate() {
+            let at = n * d.blocks + b;
+            let bytes = &q[n * d.row_bytes + b * bb..][..bb];
+            unpack_bit_order(part, bytes, (s[at], z[at]), d.bits);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use crate::buffer::Storage;
+
+    fn val<T: Copy>(dtype: DType, shape: &[usize], data: &[T]) -> Val {
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+        };
+        Val::new(
+            dtype,
+            Arc::new(Storage::copy_of(bytes)),
+            Layout::contiguous(shape),
+        )
+        .unwrap()
+    }
+
+    /// The product against the weight unpacked by hand, for each width, a K that ends in a
+    /// partial block, and row counts on both sides of `FEW_ROWS`.
+    #[test]
+    fn matches_the_unpacked_product() {
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        for bits in [2usize, 4, 8] {
+            for (m, k, n, block) in [
+                (1usize, 40usize, 5usize, 16usize),
+                (3, 64, 7, 32),
+                (40, 50, 9, 16),
+            ] {
+                let blocks = k.div_ceil(block);
+                let row_bytes = blocks * block * bits / 8;
+                let q: Vec<u8> = (0..n * row_bytes).map(|_| next() as u8).collect();
+                let s: Vec<f32> = (0..n * blocks)
+                    .map(|_| (next() % 100) as f32 / 400.0)
+                    .collect();
+                let z: Vec<f32> = (0..n * blocks)
+                    .map(|_| (next() % (1 << bits)) as f32)
+                    .collect();
+                let x: Vec<f32> = (0..m * k)
+                    .map(|_| (next() % 200) as f32 / 100.0 - 1.0)
+                    .collect();
+                let got = block_quant_dot(
+                    &val(DType::F32, &[m, k], &x),
+                    &val(DType::U8, &[n, row_bytes], &q),
+                    &val(DType::F32, &[n, blocks], &s),
+                    &val(DType::F32, &[n, blocks], &z),
+                    (bits as u8, block),
+                    1,
+                )
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+                for i in 0..m {
+                    for r in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|c| {
+                                let byte = q[r * row_bytes + c * bits / 8];
+                                let v = (byte >> (c * bits % 8)) & ((1u16 << bits) - 1) as u8;
+                                let at = r * blocks + c / block;
+                                x[i * k + c] as f64 * ((v as f64 - z[at] as f64) * s[at] as f64)
+                            })
+                            .sum();
+                        let g = got[i * n + r] as f64;
+                        assert!(
+                            (g - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{bits} bits, m={m} k={k} n={n}: [{i},{r}] {g} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
