@@ -464,7 +464,8 @@ NBITS_CASES = {
 
 
 @pytest.mark.parametrize("case", list(NBITS_CASES))
-@pytest.mark.parametrize("backend", BACKENDS)
+# The reference interpreter too: it verifies the optimizer's candidates.
+@pytest.mark.parametrize("backend", [*BACKENDS, "reference"])
 def test_matmul_nbits_matches_onnx_runtime(case: str, backend: str) -> None:
     bits, block, extra = NBITS_CASES[case]
     n, k = 24, 40 if "multiple" in case else 64

@@ -16,9 +16,11 @@ use crate::buffer::{Layout, Val};
 use crate::error::{CpuError, KResult};
 use crate::par;
 
-/// Rows of x up to which each block is unpacked and used in place; past it the GEMM on the
-/// unpacked weight wins (its unpacking is paid once for all rows).
-const FEW_ROWS: usize = 4;
+/// Rows of x up to which each block is unpacked and used in place, `GROUP_ROWS` rows at a
+/// time; past it the GEMM on the weight unpacked once per call wins.
+const FEW_ROWS: usize = 64;
+/// Rows of x one pass over the weights serves (their sums stay in registers).
+const GROUP_ROWS: usize = 4;
 
 /// The shapes of one `BlockQuantDot`.
 #[derive(Clone, Copy)]
@@ -82,6 +84,12 @@ pub fn block_quant_dot(
             zeros.dtype,
             zeros.shape()
         )));
+    }
+    if m == 0 || n == 0 {
+        return cast(
+            &Val::build::<f32>(DType::F32, &[m, n], |_| Ok(()))?,
+            x.dtype,
+        );
     }
     if x.dtype != DType::F32 {
         let x32 = cast(x, DType::F32)?;
@@ -157,19 +165,31 @@ fn reorder_x(xs: &[f32], d: Dims) -> Vec<f32> {
 /// Rows of `out` `[m, n]` for a few rows of x: parallel over chunks of weight rows.
 fn few_rows(out: &mut [f32], xs: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
     let xr = reorder_x(xs, d);
+    // Σ x over each block of each row: the zero point's share of a block's sum.
+    let block_sums: Vec<f32> = xr.chunks_exact(d.block).map(|b| b.iter().sum()).collect();
     let chunk = d.n.div_ceil(par::threads().max(1) * 4).clamp(4, 256);
     let parts = d.n.div_ceil(chunk);
-    // Weight rows are the output's columns: each part fills its own columns of every row.
+    let padded = d.blocks * d.block;
+    // Weight rows are the output's columns: each part fills its own columns of every row,
+    // taking x's rows a group at a time while the part's weights stay in cache.
     let base = SendPtr(out.as_mut_ptr());
     par::for_each(parts, |p| {
         let rows = p * chunk..((p + 1) * chunk).min(d.n);
         let base = &base;
-        let mut sums = vec![0f32; d.m * rows.len()];
-        rows_dot(&mut sums, &xr, q, sz, d, rows.clone());
-        for i in 0..d.m {
-            for (r, &v) in rows.clone().zip(&sums[i * rows.len()..]) {
-                // SAFETY: (i, r) lies inside `out` ([m, n]); parts cover disjoint columns.
-                unsafe { *base.0.add(i * d.n + r) = v };
+        let mut sums = vec![0f32; GROUP_ROWS * rows.len()];
+        for first in (0..d.m).step_by(GROUP_ROWS) {
+            let group = Dims {
+                m: GROUP_ROWS.min(d.m - first),
+                ..d
+            };
+            let x = (&xr[first * padded..], &block_sums[first * d.blocks..]);
+            rows_dot(&mut sums, x, q, sz, group, rows.clone());
+            for i in 0..group.m {
+                for (r, &v) in rows.clone().zip(&sums[i * rows.len()..]) {
+                    // SAFETY: (first + i, r) lies inside `out` ([m, n]); parts cover
+                    // disjoint columns.
+                    unsafe { *base.0.add((first + i) * d.n + r) = v };
+                }
             }
         }
     });
@@ -182,12 +202,25 @@ unsafe impl Sync for SendPtr {}
 /// `sums[i · rows + j]` = x row i · weight row `rows.start + j` (x in `reorder_x`'s order).
 fn rows_dot(
     sums: &mut [f32],
-    xr: &[f32],
+    (xr, block_sums): (&[f32], &[f32]),
     q: &[u8],
     sz: (&[f32], &[f32]),
     d: Dims,
     rows: std::ops::Range<usize>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::fma_available() && d.bits == 4 && d.block_bytes().is_multiple_of(8) {
+        // SAFETY: as below.
+        unsafe {
+            match d.m {
+                1 => x86::rows_dot4::<1>(sums, (xr, block_sums), q, sz, d, rows),
+                2 => x86::rows_dot4::<2>(sums, (xr, block_sums), q, sz, d, rows),
+                3 => x86::rows_dot4::<3>(sums, (xr, block_sums), q, sz, d, rows),
+                _ => x86::rows_dot4::<GROUP_ROWS>(sums, (xr, block_sums), q, sz, d, rows),
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::fma_available() && d.block_bytes().is_multiple_of(8) {
         // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the weight
@@ -197,7 +230,7 @@ fn rows_dot(
                 1 => x86::rows_dot::<1>(sums, xr, q, sz, d, rows),
                 2 => x86::rows_dot::<2>(sums, xr, q, sz, d, rows),
                 3 => x86::rows_dot::<3>(sums, xr, q, sz, d, rows),
-                _ => x86::rows_dot::<FEW_ROWS>(sums, xr, q, sz, d, rows),
+                _ => x86::rows_dot::<GROUP_ROWS>(sums, xr, q, sz, d, rows),
             }
         }
         return;
@@ -263,11 +296,159 @@ mod x86 {
         }
     }
 
+    /// `rows_dot` for 4-bit weights, 16 a step: eight bytes widened once give the eight
+    /// low values (masked) and the eight high ones (shifted); a block's sum is of the raw
+    /// values, `Σ q·x`, and its zero point enters once per block as `zero · Σ x`.
     #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn rows_dot4<const M: usize>(
+        sums: &mut [f32],
+        (xr, block_sums): (&[f32], &[f32]),
+        q: &[u8],
+        (s, z): (&[f32], &[f32]),
+        d: Dims,
+        rows: std::ops::Range<usize>,
+    ) {
+        // `rows_dot` calls this with exactly M rows, so the row loops have constant bounds.
+        debug_assert_eq!(d.m, M);
+        let (padded, bb) = (d.blocks * d.block, d.block_bytes());
+        let low = _mm256_set1_epi32(15);
+        let count = rows.len();
+        for (j, row) in rows.enumerate() {
+            let (s_row, z_row) = (
+                &s[row * d.blocks..][..d.blocks],
+                &z[row * d.blocks..][..d.blocks],
+            );
+            let q_row = &q[row * d.row_bytes..][..d.row_bytes];
+            let mut total = [_mm256_setzero_ps(); M];
+            for (b, &scale) in s_row.iter().enumerate() {
+                // Several sums per row (low and high values; for one row, of alternate
+                // steps too): one chain of dependent multiply-adds would wait on each
+                // one's latency.
+                let mut block = [[_mm256_setzero_ps(); 4]; M];
+                let x0 = b * d.block;
+                if M == 1 {
+                    // Steps in pairs, the second into the other two sums (constant
+                    // indices keep the sums in registers).
+                    for c in (0..bb).step_by(16) {
+                        // SAFETY: bytes b·bb + c.. (8, and 8 more when c + 8 < bb) lie in
+                        // the row's block b (bb is a multiple of 8); x columns x0 + c.. and
+                        // x0 + bb + c.. (as many) lie in the padded row.
+                        unsafe {
+                            let p = q_row.as_ptr().add(b * bb + c);
+                            let x = xr.as_ptr().add(x0 + c);
+                            let acc = &mut block[0];
+                            let (lo, hi) = nibbles(p, low);
+                            acc[0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), acc[0]);
+                            acc[1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x.add(bb)), acc[1]);
+                            if c + 8 < bb {
+                                let (lo, hi) = nibbles(p.add(8), low);
+                                let x = x.add(8);
+                                acc[2] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), acc[2]);
+                                acc[3] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x.add(bb)), acc[3]);
+                            }
+                        }
+                    }
+                } else {
+                    // Rows enough for independent chains: two sums a row (registers for
+                    // four would spill).
+                    for c in (0..bb).step_by(8) {
+                        // SAFETY: bytes b·bb + c..+8 lie in the row's block b; x columns
+                        // x0 + c.. and x0 + bb + c.. (8 each) lie in each padded row.
+                        unsafe {
+                            let (lo, hi) = nibbles(q_row.as_ptr().add(b * bb + c), low);
+                            for (i, acc) in block.iter_mut().enumerate() {
+                                let x = xr.as_ptr().add(i * padded + x0 + c);
+                                acc[0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x), acc[0]);
+                                acc[1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x.add(bb)), acc[1]);
+                            }
+                        }
+                    }
+                }
+                let scale = _mm256_set1_ps(scale);
+                for i in 0..M {
+                    let [a, b2, c2, d2] = block[i];
+                    let sum = if M == 1 {
+                        _mm256_add_ps(_mm256_add_ps(a, b2), _mm256_add_ps(c2, d2))
+                    } else {
+                        _mm256_add_ps(a, b2)
+                    };
+                    total[i] = _mm256_fmadd_ps(sum, scale, total[i]);
+                }
+            }
+            for i in 0..M {
+                let x_sums = &block_sums[i * d.blocks..][..d.blocks];
+                let shift = zero_shift(z_row, s_row, x_sums);
+                sums[i * count + j] = hsum(total[i]) - shift;
+            }
+        }
+    }
+
+    /// Σ_b zero[b] · scale[b] · Σx[b]: the zero points' share of a row's sum.
+    #[target_feature(enable = "avx2,fma")]
+    fn zero_shift(z: &[f32], s: &[f32], x_sums: &[f32]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let full = z.len() / 8 * 8;
+        for b in (0..full).step_by(8) {
+            // SAFETY: b + 8 ≤ full ≤ the length of all three slices.
+            unsafe {
+                let zs = _mm256_mul_ps(
+                    _mm256_loadu_ps(z.as_ptr().add(b)),
+                    _mm256_loadu_ps(s.as_ptr().add(b)),
+                );
+                acc = _mm256_fmadd_ps(zs, _mm256_loadu_ps(x_sums.as_ptr().add(b)), acc);
+            }
+        }
+        let tail: f32 = (full..z.len()).map(|b| z[b] * s[b] * x_sums[b]).sum();
+        hsum(acc) + tail
+    }
+
+    /// The low and the high 4-bit values of the 8 bytes at `p`, as floats.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn nibbles(p: *const u8, low: __m256i) -> (__m256, __m256) {
+        // SAFETY: the caller's 8 bytes at p.
+        let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p as *const __m128i) });
+        let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
+        (lo, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
     fn hsum(v: __m256) -> f32 {
         let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+    }
+
+    /// `super::unpack_rows` for 4-bit weights (block bytes a multiple of 8), 16 a step.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn unpack_rows4(
+        w: &mut [f32],
+        first: usize,
+        q: &[u8],
+        (s, z): (&[f32], &[f32]),
+        d: Dims,
+    ) {
+        let (bb, low) = (d.block_bytes(), _mm256_set1_epi32(15));
+        for (r, row) in w.chunks_exact_mut(d.blocks * d.block).enumerate() {
+            let n = first + r;
+            let q_row = &q[n * d.row_bytes..][..d.row_bytes];
+            for (b, part) in row.chunks_exact_mut(d.block).enumerate() {
+                let at = n * d.blocks + b;
+                let (scale, zero) = (_mm256_set1_ps(s[at]), _mm256_set1_ps(z[at]));
+                for c in (0..bb).step_by(8) {
+                    // SAFETY: bytes b·bb + c..+8 lie in the row (bb is a multiple of 8);
+                    // values c..c + 8 and bb + c..bb + c + 8 lie in the block's part.
+                    unsafe {
+                        let (lo, hi) = nibbles(q_row.as_ptr().add(b * bb + c), low);
+                        let out = part.as_mut_ptr().add(c);
+                        _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_sub_ps(lo, zero), scale));
+                        let hi = _mm256_mul_ps(_mm256_sub_ps(hi, zero), scale);
+                        _mm256_storeu_ps(out.add(bb), hi);
+                    }
+                }
+            }
+        }
     }
 
     /// `super::unpack_rows` compiled for AVX2 (its loop vectorizes).
@@ -333,8 +514,14 @@ fn unpack_all(w: &mut [f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
     par::for_chunks_mut(w, padded * 16, |start, part| {
         #[cfg(target_arch = "x86_64")]
         if crate::simd::fma_available() {
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            unsafe { x86::unpack_rows(part, start / padded, q, sz, d) };
+            // SAFETY: the CPU has AVX2 and FMA (checked above); 4-bit rows as rows_dot4.
+            unsafe {
+                if d.bits == 4 && d.block_bytes().is_multiple_of(8) {
+                    x86::unpack_rows4(part, start / padded, q, sz, d)
+                } else {
+                    x86::unpack_rows(part, start / padded, q, sz, d)
+                }
+            };
             return;
         }
         unpack_rows(part, start / padded, q, sz, d)
@@ -430,6 +617,51 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release -p ember-cpu block_quant_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn block_quant_speed() {
+        let (k, n, block) = (2048usize, 2048usize, 32usize);
+        let blocks = k / block;
+        let q: Vec<u8> = (0..n * blocks * block / 2)
+            .map(|i| (i * 37 % 251) as u8)
+            .collect();
+        let s = vec![0.01f32; n * blocks];
+        let z = vec![8f32; n * blocks];
+        for m in [1usize, 4] {
+            let d = Dims {
+                m,
+                k,
+                n,
+                bits: 4,
+                block,
+                blocks,
+                row_bytes: blocks * block / 2,
+            };
+            let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let xr = reorder_x(&xs, d);
+            let sums_x: Vec<f32> = xr.chunks_exact(block).map(|b| b.iter().sum()).collect();
+            let mut out = vec![0f32; m * n];
+            let t = std::time::Instant::now();
+            let reps = 100;
+            for _ in 0..reps {
+                rows_dot(&mut out, (&xr, &sums_x), &q, (&s, &z), d, 0..n);
+            }
+            let per = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{m} rows x {} weights: {:.1} us, {:.2} G multiply-adds/s (one thread)",
+                k * n,
+                per * 1e6,
+                (m * k * n) as f64 / per / 1e9
+            );
         }
     }
 }
