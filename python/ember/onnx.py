@@ -161,16 +161,17 @@ class OnnxModel:
                 )
         if self._compiled.device == "cuda":
             tensors = [t.to("cuda", non_blocking=True) for t in tensors]
-        outs = self._compiled.run_flat(tensors)
         # numpy in → numpy out (a model with no inputs returns numpy too).
-        return [o.cpu().numpy() for o in outs] if numpy_in else outs
+        if numpy_in:
+            return self._compiled.run_numpy(tensors)
+        return self._compiled.run_flat(tensors)
 
 
 def _from_numpy(x: np.ndarray, name: str) -> torch.Tensor:
     if x.dtype not in _NUMPY_DTYPES:
         raise InputError(f"input {name!r} has dtype {x.dtype}, which Ember does not support")
     # torch.from_numpy shares memory but refuses negative strides.
-    if any(s < 0 for s in x.strides):
+    if not x.flags.c_contiguous and any(s < 0 for s in x.strides):
         x = np.ascontiguousarray(x)
     return torch.from_numpy(x)
 

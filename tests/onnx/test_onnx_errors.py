@@ -231,6 +231,11 @@ def test_numpy_and_torch_in_out_and_names() -> None:
     np.testing.assert_array_equal(
         runner(wide[:, ::2], randn(3, seed=1)[::-1])[0], wide[:, ::2] - randn(3, seed=1)[::-1]
     )
+    # numpy outputs are fresh arrays: a later call does not overwrite an earlier result.
+    first = runner(X, randn(3, seed=1))[0]
+    runner(X + 1, randn(3, seed=1))
+    np.testing.assert_array_equal(first, got[0])
+    assert first.flags.owndata and first.flags.writeable
 
 
 def test_initializer_model_saved_as_file(tmp_path) -> None:
