@@ -216,7 +216,8 @@ fn rows_dot(
                 1 => x86::rows_dot4::<1>(sums, (xr, block_sums), q, sz, d, rows),
                 2 => x86::rows_dot4::<2>(sums, (xr, block_sums), q, sz, d, rows),
                 3 => x86::rows_dot4::<3>(sums, (xr, block_sums), q, sz, d, rows),
-                _ => x86::rows_dot4::<GROUP_ROWS>(sums, (xr, block_sums), q, sz, d, rows),
+                GROUP_ROWS => x86::rows_dot4::<GROUP_ROWS>(sums, (xr, block_sums), q, sz, d, rows),
+                _ => rows_dot_portable(sums, xr, q, sz, d, rows),
             }
         }
         return;
@@ -230,7 +231,8 @@ fn rows_dot(
                 1 => x86::rows_dot::<1>(sums, xr, q, sz, d, rows),
                 2 => x86::rows_dot::<2>(sums, xr, q, sz, d, rows),
                 3 => x86::rows_dot::<3>(sums, xr, q, sz, d, rows),
-                _ => x86::rows_dot::<GROUP_ROWS>(sums, xr, q, sz, d, rows),
+                GROUP_ROWS => x86::rows_dot::<GROUP_ROWS>(sums, xr, q, sz, d, rows),
+                _ => rows_dot_portable(sums, xr, q, sz, d, rows),
             }
         }
         return;
@@ -350,7 +352,7 @@ mod x86 {
                     }
                 } else {
                     // Rows enough for independent chains: two sums a row (registers for
-                    // four would spill).
+                    // four would spill; so would eight rows, measured).
                     for c in (0..bb).step_by(8) {
                         // SAFETY: bytes b·bb + c..+8 lie in the row's block b; x columns
                         // x0 + c.. and x0 + bb + c.. (8 each) lie in each padded row.
@@ -636,7 +638,7 @@ mod speed {
             .collect();
         let s = vec![0.01f32; n * blocks];
         let z = vec![8f32; n * blocks];
-        for m in [1usize, 4] {
+        for m in [1usize, GROUP_ROWS] {
             let d = Dims {
                 m,
                 k,
