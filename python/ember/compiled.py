@@ -187,6 +187,7 @@ def _with_progress(work: Callable[[], _T], budget_s: float, quiet: bool) -> _T:
         watcher.join()
 
 
+# The numpy dtype of each torch dtype that has one (numpy has no bfloat16).
 _TORCH_TO_NUMPY = {
     torch.bool: np.dtype(np.bool_),
     torch.uint8: np.dtype(np.uint8),
@@ -322,13 +323,7 @@ class CompiledModel:
         output, in-place updates, the GPU)."""
         if self._numpy_outputs is None or self._in_place or self._device != "cpu":
             return [o.cpu().numpy() for o in self.run_flat(inputs)]
-        if [t._version for t in self._weights.values()] != self._versions:
-            self._bind()
-        if len(inputs) != len(self._input_dtypes):
-            raise InputError(
-                f"expected {len(self._input_dtypes)} tensor inputs "
-                f"({', '.join(self.input_names)}), got {len(inputs)}"
-            )
+        self._before_run(inputs)
         views = self._cpu_views(inputs)
         shapes = self._exe.output_shapes([v[2] for v in views])
         outs = [np.empty(s, d) for s, d in zip(shapes, self._numpy_outputs, strict=True)]
@@ -344,13 +339,7 @@ class CompiledModel:
 
     def run_flat(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Runs on a flat list of tensors and returns a flat list of outputs."""
-        if [t._version for t in self._weights.values()] != self._versions:
-            self._bind()
-        if len(inputs) != len(self._input_dtypes):
-            raise InputError(
-                f"expected {len(self._input_dtypes)} tensor inputs "
-                f"({', '.join(self.input_names)}), got {len(inputs)}"
-            )
+        self._before_run(inputs)
         if self._device == "cuda":
             outs = self._run_cuda(inputs)
         else:
@@ -368,6 +357,17 @@ class CompiledModel:
                 # as `copy_` would have.
                 increment_version(dest)
         return [outs[i] for i in self._user_outputs]
+
+    def _before_run(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Recompiles if a weight changed in place since the last call; checks the input
+        count."""
+        if [t._version for t in self._weights.values()] != self._versions:
+            self._bind()
+        if len(inputs) != len(self._input_dtypes):
+            raise InputError(
+                f"expected {len(self._input_dtypes)} tensor inputs "
+                f"({', '.join(self.input_names)}), got {len(inputs)}"
+            )
 
     def _run_cpu(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         views = self._cpu_views(inputs)

@@ -17,21 +17,11 @@ import numpy as np
 import torch
 
 from ember import _core
-from ember.compiled import CompiledModel
+from ember.compiled import _TORCH_TO_NUMPY, CompiledModel
 from ember.errors import CompileError, InputError
 from ember.options import Options
 
-_NUMPY_DTYPES = {
-    np.dtype(np.bool_),
-    np.dtype(np.uint8),
-    np.dtype(np.int8),
-    np.dtype(np.int16),
-    np.dtype(np.int32),
-    np.dtype(np.int64),
-    np.dtype(np.float16),
-    np.dtype(np.float32),
-    np.dtype(np.float64),
-}
+_NUMPY_DTYPES = set(_TORCH_TO_NUMPY.values())
 
 
 # The oldest ai.onnx opset the Rust frontend reads; older models are upgraded first.

@@ -229,6 +229,7 @@ __all__ = [
     "check",
     "compile_on",
     "export_bert",
+    "int8_weights",
     "ints",
     "make_model",
     "ort_run",

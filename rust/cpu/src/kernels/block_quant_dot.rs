@@ -1,12 +1,12 @@
 //! `BlockQuantDot`: a product whose weight stays block-quantized (2-, 4- or 8-bit values,
 //! a scale and a zero point per block of a row; ONNX Runtime's `MatMulNBits`).
 //!
-//! Few rows (decode, small batches): each weight block is unpacked once into a float
-//! buffer, `(q − zero) · scale`, and multiplied with every row of x there, so the weight is
-//! read at its packed size. To keep the unpacking a plain vector loop, values are unpacked
-//! by bit position (all low values of a block's bytes, then the next ones), and x's
-//! columns are put in that order once per call. Many rows (prefill): the weight is
-//! unpacked whole, once per call, and multiplied by the GEMM.
+//! Values are unpacked by bit position (all low values of a block's bytes, then the next
+//! ones) so unpacking is a plain vector loop; x's columns are put in that order once per
+//! call (`reorder_x`), which leaves every sum unchanged. Up to `FEW_ROWS` rows of x, each
+//! block is unpacked in registers as it is multiplied, `GROUP_ROWS` rows of x a pass, so the
+//! weight is read at its packed size and never held in float. Past it (prefill), the weight
+//! is unpacked once per call and multiplied by the GEMM.
 
 use ember_core::dtype::DType;
 
@@ -127,9 +127,8 @@ pub fn block_quant_dot(
     } else {
         // Both operands in the unpacking order: the same sums, a GEMM's speed.
         let padded = blocks * block;
-        let xr = reorder_x(xs, d);
         let xr = Val::build::<f32>(DType::F32, &[m, padded], |dst| {
-            dst.copy_from_slice(&xr);
+            reorder_x(dst, xs, d);
             Ok(())
         })?;
         let w = Val::build::<f32>(DType::F32, &[n, padded], |w| {
@@ -146,10 +145,10 @@ pub fn block_quant_dot(
     }
 }
 
-/// x's columns per block in the unpacking order (`bit_order`), zero past K.
-fn reorder_x(xs: &[f32], d: Dims) -> Vec<f32> {
+/// x's columns per block in the unpacking order (`unpack_bit_order`), into `out`
+/// (`[m, blocks · block]`, zeroed: the columns past K stay 0).
+fn reorder_x(out: &mut [f32], xs: &[f32], d: Dims) {
     let padded = d.blocks * d.block;
-    let mut out = vec![0f32; d.m * padded];
     let (per, stream) = (d.per_byte(), d.block_bytes());
     for i in 0..d.m {
         let (row, dest) = (&xs[i * d.k..][..d.k], &mut out[i * padded..][..padded]);
@@ -159,17 +158,17 @@ fn reorder_x(xs: &[f32], d: Dims) -> Vec<f32> {
             dest[b * d.block + (j % per) * stream + j / per] = v;
         }
     }
-    out
 }
 
 /// Rows of `out` `[m, n]` for a few rows of x: parallel over chunks of weight rows.
 fn few_rows(out: &mut [f32], xs: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
-    let xr = reorder_x(xs, d);
+    let padded = d.blocks * d.block;
+    let mut xr = vec![0f32; d.m * padded];
+    reorder_x(&mut xr, xs, d);
     // Σ x over each block of each row: the zero point's share of a block's sum.
     let block_sums: Vec<f32> = xr.chunks_exact(d.block).map(|b| b.iter().sum()).collect();
     let chunk = d.n.div_ceil(par::threads().max(1) * 4).clamp(4, 256);
     let parts = d.n.div_ceil(chunk);
-    let padded = d.blocks * d.block;
     // Weight rows are the output's columns: each part fills its own columns of every row,
     // taking x's rows a group at a time while the part's weights stay in cache.
     let base = SendPtr(out.as_mut_ptr());
@@ -209,29 +208,20 @@ fn rows_dot(
     rows: std::ops::Range<usize>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::fma_available() && d.bits == 4 && d.block_bytes().is_multiple_of(8) {
-        // SAFETY: as below.
-        unsafe {
-            match d.m {
-                1 => x86::rows_dot4::<1>(sums, (xr, block_sums), q, sz, d, rows),
-                2 => x86::rows_dot4::<2>(sums, (xr, block_sums), q, sz, d, rows),
-                3 => x86::rows_dot4::<3>(sums, (xr, block_sums), q, sz, d, rows),
-                GROUP_ROWS => x86::rows_dot4::<GROUP_ROWS>(sums, (xr, block_sums), q, sz, d, rows),
-                _ => rows_dot_portable(sums, xr, q, sz, d, rows),
-            }
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if crate::simd::fma_available() && d.block_bytes().is_multiple_of(8) {
         // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the weight
-        // rows, their scales and zeros, and `m` rows of `blocks · block` reordered x values.
+        // rows, their scales and zeros, and `m` rows of `blocks · block` reordered x values
+        // (with their block sums); bb is a multiple of 8, as both kernels read it. The 4-bit
+        // kernel takes exactly M rows (constant loop bounds), the other at most M.
         unsafe {
-            match d.m {
-                1 => x86::rows_dot::<1>(sums, xr, q, sz, d, rows),
-                2 => x86::rows_dot::<2>(sums, xr, q, sz, d, rows),
-                3 => x86::rows_dot::<3>(sums, xr, q, sz, d, rows),
-                GROUP_ROWS => x86::rows_dot::<GROUP_ROWS>(sums, xr, q, sz, d, rows),
+            match (d.bits, d.m) {
+                (4, 1) => x86::rows_dot4::<1>(sums, (xr, block_sums), q, sz, d, rows),
+                (4, 2) => x86::rows_dot4::<2>(sums, (xr, block_sums), q, sz, d, rows),
+                (4, 3) => x86::rows_dot4::<3>(sums, (xr, block_sums), q, sz, d, rows),
+                (4, GROUP_ROWS) => {
+                    x86::rows_dot4::<GROUP_ROWS>(sums, (xr, block_sums), q, sz, d, rows)
+                }
+                (_, 1..=GROUP_ROWS) => x86::rows_dot::<GROUP_ROWS>(sums, xr, q, sz, d, rows),
                 _ => rows_dot_portable(sums, xr, q, sz, d, rows),
             }
         }
@@ -246,7 +236,7 @@ mod x86 {
 
     use super::Dims;
 
-    /// `rows_dot` for `M` rows of x (`d.m` ≤ M; the sums stay in registers), 8 weights a
+    /// `rows_dot` for up to `M` rows of x (`d.m` ≤ M; the sums stay in registers), 8 weights a
     /// step: bytes widened to 32 bits, shifted to the step's bit position, masked,
     /// converted, less the block's zero point, multiplied into each row's block sum; each
     /// block sum is scaled once into the row's total.
@@ -649,7 +639,8 @@ mod speed {
                 row_bytes: blocks * block / 2,
             };
             let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
-            let xr = reorder_x(&xs, d);
+            let mut xr = vec![0f32; m * blocks * block];
+            reorder_x(&mut xr, &xs, d);
             let sums_x: Vec<f32> = xr.chunks_exact(block).map(|b| b.iter().sum()).collect();
             let mut out = vec![0f32; m * n];
             let t = std::time::Instant::now();

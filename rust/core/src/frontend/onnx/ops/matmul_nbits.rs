@@ -66,19 +66,19 @@ fn layout(node: &Node) -> Result<Layout> {
 
 /// Scales and zero points per (row, block), and the packed bytes `[N, blocks · blob]`,
 /// checked against the layout.
-struct Quantized<'a> {
-    packed: &'a [u8],
+struct Quantized {
+    packed: Vec<u8>,
     scales: Vec<f64>,
     zero_points: Vec<f64>,
 }
 
-fn quantized<'a>(
+fn quantized(
     node: &Node,
     l: &Layout,
-    b: Option<&'a Decoded>,
+    b: Option<&Decoded>,
     scales: Option<&Decoded>,
     zeros: Option<&Decoded>,
-) -> Result<Quantized<'a>> {
+) -> Result<Quantized> {
     let b = b.ok_or_else(|| {
         node.unsupported("packed weights computed at run time (B must be an initializer)")
     })?;
@@ -124,7 +124,7 @@ fn quantized<'a>(
         }
     };
     Ok(Quantized {
-        packed: &b.bytes,
+        packed: b.bytes.clone(),
         scales,
         zero_points,
     })
@@ -211,11 +211,12 @@ fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
             )));
         }
     }
-    let parts = [part(1), part(2), part(3), part(4)].map(|p| p.map(|(_, d)| d.clone()));
-    let [b, scales, zeros, g_idx] = &parts;
-    let q = quantized(n, &l, b.as_ref(), scales.as_ref(), zeros.as_ref())?;
+    let data = |k: usize| part(k).map(|(_, d)| d);
+    // The packed bytes are copied once, here (the weight is built from them below).
+    let q = quantized(n, &l, data(1), data(2), data(3))?;
+    let g_idx = data(4).cloned();
     // Weights derived from B are named after it, so nodes sharing B share them.
-    let mut y = match g_idx {
+    let mut y = match &g_idx {
         // Columns regrouped: dequantized once, here, to an ordinary product.
         Some(g) => {
             let w = ctx.weight(&format!("{b_name}#dequantized.{dtype}"), || {
@@ -226,17 +227,21 @@ fn matmul_nbits(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         // The weight stays packed: one `BlockQuantDot` over A's rows.
         None => {
             let blob = l.block * l.bits / 8;
+            let Quantized {
+                packed,
+                scales,
+                zero_points,
+            } = q;
             let packed = ctx.weight(&format!("{b_name}#packed"), || {
                 Ok(Decoded {
                     dtype: DType::U8,
                     shape: vec![l.n, l.blocks * blob],
-                    bytes: q.packed.to_vec(),
+                    bytes: packed,
                 })
             })?;
-            let scales =
-                ctx.weight(&format!("{b_name}#scales"), || Ok(per_block(&l, &q.scales)))?;
+            let scales = ctx.weight(&format!("{b_name}#scales"), || Ok(per_block(&l, &scales)))?;
             let zeros = ctx.weight(&format!("{b_name}#zero_points"), || {
-                Ok(per_block(&l, &q.zero_points))
+                Ok(per_block(&l, &zero_points))
             })?;
             let shape = ctx.b.shape(a);
             let lead = shape[..rank - 1].to_vec();
