@@ -128,6 +128,15 @@ fn check_consistency(graph: &Graph, shapes: &[Vec<usize>], env: &SymbolBindings)
                         && ins[1].len() == 2
                         && out[..] == [ins[0][0], ins[1][0]]
                 }
+                Op::CacheAppend { axis, .. } => {
+                    ins.len() == 3
+                        && ins[0].len() == out.len()
+                        && ins[1].len() == out.len()
+                        && *axis < out.len()
+                        && (0..out.len())
+                            .all(|d| d == *axis || (ins[0][d] == out[d] && ins[1][d] == out[d]))
+                        && ins[2][..] == [out[0]]
+                }
                 // Every shape attention reads, so that no kernel indexes past an operand
                 // (symbolic dims the compiler assumed equal are checked here, per call).
                 Op::Attention { has_mask, .. } => {

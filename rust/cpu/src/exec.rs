@@ -156,6 +156,16 @@ pub fn execute(
                     .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
+            (Role::Plain, Op::CacheAppend { axis, .. }) => {
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                let arg = |k: usize| value(&vals, node.inputs[k]);
+                arg(0)
+                    .and_then(|past| {
+                        mv::cache_append_into(past, arg(1)?, arg(2)?, *axis, &mut dest)
+                    })
+                    .and_then(|()| dest.finish())
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             (Role::Plain, Op::Conv { .. }) if conv::conv_in_place(node.ty.dtype) => {
                 let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
                 conv_into(node, &prog.packed[id], &vals, &mut dest, None, threads)
@@ -495,6 +505,9 @@ pub(crate) fn eval(
         Op::Flip { axes } => mv::flip(arg(0)?, axes),
         Op::Pad { pads, value } => mv::pad(arg(0)?, pads, *value, shape),
         Op::Concat { axis } => mv::concat(&args, *axis, shape),
+        Op::CacheAppend { .. } => Err(CpuError::Internal(
+            "cache_append is written into a destination".into(),
+        )),
         Op::Gather { axis } => index::gather(arg(0)?, arg(1)?, *axis),
         Op::IndexSelect { axis } => index::index_select(arg(0)?, arg(1)?, *axis, shape),
         Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),

@@ -305,3 +305,56 @@ fn wrong_inputs_are_errors_not_panics() {
     assert!(run_cpu(&g, &Weights::new(), &[x]).is_err());
     assert!(run_cpu(&g, &Weights::new(), &[]).is_err());
 }
+
+#[test]
+fn cache_append_matches_the_interpreter() {
+    let mut rng = Rng::new(41);
+    let (b, n, p, s, h) = (3, 2, 5, 2, 4);
+    for len in [p + s, p, p + s + 3] {
+        for dtype in [DType::F32, DType::BF16, DType::I64] {
+            let op = Op::CacheAppend {
+                axis: 2,
+                len: Dim::from(len),
+            };
+            let ins: [(DType, &[usize]); 3] = [
+                (dtype, &[b, n, p, h]),
+                (dtype, &[b, n, s, h]),
+                (DType::I32, &[b]),
+            ];
+            let g = op_graph(op, &ins);
+            let past = random(&mut rng, dtype, &[b, n, p, h], -9.0, 9.0);
+            let new = random(&mut rng, dtype, &[b, n, s, h], -9.0, 9.0);
+            // Cached lengths before, at and past the buffer, and negative.
+            let lengths = Value::from_i64(DType::I32, vec![b], vec![p as i64, 1, -1]);
+            check(&g, &[past.clone(), new.clone(), lengths], "cache_append");
+            let lengths = Value::from_i64(DType::I32, vec![b], vec![p as i64 + 2, 0, 3]);
+            check(&g, &[past, new, lengths], "cache_append past the buffer");
+        }
+    }
+    // New entries as a permuted view ([B, S, N, H] → [B, N, S, H]), as attention makes them.
+    let mut g = Graph::new();
+    let past = input(&mut g, 0, DType::F32, &[b, n, p, h]);
+    let new = input(&mut g, 1, DType::F32, &[b, s, n, h]);
+    let lengths = input(&mut g, 2, DType::I64, &[b]);
+    let new_t = g
+        .add(
+            Op::Permute {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[new],
+            "t",
+        )
+        .unwrap();
+    let op = Op::CacheAppend {
+        axis: 2,
+        len: Dim::from(p + s),
+    };
+    let out = g.add(op, &[past, new_t, lengths], "present").unwrap();
+    g.outputs.push(out);
+    let inputs = [
+        random(&mut rng, DType::F32, &[b, n, p, h], -1.0, 1.0),
+        random(&mut rng, DType::F32, &[b, s, n, h], -1.0, 1.0),
+        Value::from_i64(DType::I64, vec![b], vec![5, 3, 4]),
+    ];
+    check(&g, &inputs, "cache_append of a permuted view");
+}

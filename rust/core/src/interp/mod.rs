@@ -291,6 +291,9 @@ fn eval_node<'a>(
         Op::Flip { axes } => movement::flip(x()?, axes)?,
         Op::Pad { pads, value } => movement::pad(x()?, pads, *value)?,
         Op::Concat { axis } => movement::concat(args, *axis)?,
+        Op::CacheAppend { axis, .. } => {
+            movement::cache_append(x()?, one(args, 1)?, one(args, 2)?, *axis, shape[*axis])?
+        }
         Op::Gather { axis } => movement::gather(x()?, *axis, one(args, 1)?)?,
         Op::IndexSelect { axis } => movement::index_select(x()?, *axis, one(args, 1)?)?,
         Op::Scatter { axis, reduce } => {

@@ -221,6 +221,74 @@ pub(crate) fn concat(xs: &[&Value], axis: usize) -> R<Value> {
     })
 }
 
+/// `cache_append`: per sequence b, along `axis` of the `len`-long output, past's entries
+/// before `lengths[b]` (zero past P), new's from `lengths[b]` on, zeros after them.
+pub(crate) fn cache_append(
+    past: &Value,
+    new: &Value,
+    lengths: &Value,
+    axis: usize,
+    len: usize,
+) -> R<Value> {
+    let r = past.shape.len();
+    let fits = axis >= 1
+        && axis < r
+        && new.dtype == past.dtype
+        && new.shape.len() == r
+        && (0..r).all(|d| d == axis || new.shape[d] == past.shape[d])
+        && lengths.shape[..] == [past.shape[0]];
+    if !fits {
+        return Err(format!(
+            "cache_append of {:?} and {:?} with lengths {:?} on axis {axis}",
+            past.shape, new.shape, lengths.shape
+        ));
+    }
+    let at = indices(lengths)?;
+    let (p, s) = (past.shape[axis], new.shape[axis]);
+    let mut shape = past.shape.clone();
+    shape[axis] = len;
+    checked_numel(&shape).ok_or("shape overflows")?;
+    // Positions in past's data, then new's (offset by past's size); None reads zero.
+    let (ps, ns) = (strides(&past.shape), strides(&new.shape));
+    let idx = map_indices(&shape, |o| {
+        let j = o[axis] as i64;
+        let first = at[o[0]];
+        let (st, base, row) = if j < first {
+            if j >= p as i64 {
+                return Ok::<_, String>(None);
+            }
+            (&ps, 0, j as usize)
+        } else if j - first < s as i64 {
+            (&ns, past.numel(), (j - first) as usize)
+        } else {
+            return Ok(None);
+        };
+        let off: usize = (0..r)
+            .map(|d| if d == axis { row * st[d] } else { o[d] * st[d] })
+            .sum();
+        Ok(Some(base + off))
+    })?;
+    let mut both = past.data.empty_like(past.numel() + new.numel());
+    if !both.extend_from(&past.data, 0..past.numel())
+        || !both.extend_from(&new.data, 0..new.numel())
+    {
+        return Err("inputs hold data of different kinds".into());
+    }
+    let zero = match past.dtype.is_float() {
+        true => Scalar::Float(0.0),
+        false => Scalar::Int(0),
+    };
+    let zero = Value::splat(past.dtype, vec![1], 1, zero);
+    let data = both
+        .pick_or(&idx, &zero.data)
+        .ok_or("cache_append of the wrong kind")?;
+    Ok(Value {
+        dtype: past.dtype,
+        shape,
+        data,
+    })
+}
+
 /// Index values, checked against `n` (negative ones count from the end).
 fn resolve_index(i: i64, n: usize, what: &str) -> R<usize> {
     let j = if i < 0 {

@@ -2,6 +2,7 @@
 
 use super::tests::{apply, apply_ok, assert_close, assert_f, dims, fv, iv};
 use super::*;
+use crate::dim::Dim;
 use crate::dtype::DType::*;
 use crate::ir::ReduceOp;
 
@@ -509,4 +510,25 @@ fn index_select_with_negative_and_out_of_range_indices() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn cache_append_writes_new_entries_after_each_length() {
+    // Sequence 0 has 3 cached entries, sequence 1 one; a length past the buffer reads
+    // zeros there, a negative one writes the new entries from its (clipped) position.
+    let past = fv(F32, &[2, 1, 3, 1], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let new = fv(F32, &[2, 1, 2, 1], &[10.0, 11.0, 20.0, 21.0]);
+    let op = |len: usize| Op::CacheAppend {
+        axis: 2,
+        len: Dim::from(len),
+    };
+    let lengths = iv(I64, &[2], &[3, 1]);
+    let c = apply_ok(op(5), &[past.clone(), new.clone(), lengths]);
+    assert_eq!(c.shape, [2, 1, 5, 1]);
+    assert_f(&c, &[1.0, 2.0, 3.0, 10.0, 11.0, 4.0, 20.0, 21.0, 0.0, 0.0]);
+    let lengths = iv(I32, &[2], &[4, -1]);
+    let c = apply_ok(op(4), &[past.clone(), new.clone(), lengths]);
+    assert_f(&c, &[1.0, 2.0, 3.0, 0.0, 21.0, 0.0, 0.0, 0.0]);
+    let err = apply(op(4), &[past, new, iv(I64, &[1], &[0])]).unwrap_err();
+    assert!(err.to_string().contains("cache_append"), "{err}");
 }

@@ -382,6 +382,36 @@ pub fn infer_type(
             shape[*axis] = total;
             TensorType::new(x.dtype, shape)
         }
+        Op::CacheAppend { axis, len } => {
+            arity(op, inputs, 3)?;
+            let (past, new, lengths) = (inputs[0], inputs[1], inputs[2]);
+            check_axis(*axis, past.rank(), op)?;
+            if *axis == 0 || new.dtype != past.dtype || new.rank() != past.rank() {
+                return shape_err(format!(
+                    "cache_append on axis {axis} of {} {} with new {} {}",
+                    past.dtype,
+                    format_shape(&past.shape),
+                    new.dtype,
+                    format_shape(&new.shape)
+                ));
+            }
+            for (i, (a, b)) in past.shape.iter().zip(&new.shape).enumerate() {
+                if i != *axis {
+                    same_dim(a, b, "cache_append")?;
+                }
+            }
+            if lengths.rank() != 1 || !lengths.dtype.is_int() {
+                return shape_err(format!(
+                    "cache_append lengths must be a 1-d integer tensor, got {} {}",
+                    lengths.dtype,
+                    format_shape(&lengths.shape)
+                ));
+            }
+            same_dim(&lengths.shape[0], &past.shape[0], "cache_append lengths")?;
+            let mut shape = past.shape.clone();
+            shape[*axis] = len.clone();
+            TensorType::new(past.dtype, shape)
+        }
         Op::Gather { axis } => {
             arity(op, inputs, 2)?;
             let (x, idx) = (inputs[0], inputs[1]);

@@ -118,6 +118,7 @@ impl Graph {
                     *start = start.simplified(ranges);
                     *end = end.simplified(ranges);
                 }
+                Op::CacheAppend { len, .. } => *len = len.simplified(ranges),
                 _ => {}
             }
         }

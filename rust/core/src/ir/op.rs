@@ -365,6 +365,16 @@ pub enum Op {
     Concat {
         axis: usize,
     },
+    /// A key/value cache with new entries written after each sequence's cached ones: inputs
+    /// past `[B, .., P, ..]` and new `[B, .., S, ..]` (equal dims except `axis` ≥ 1) and
+    /// lengths `[B]` (integer). Along `axis` (`len` long), sequence b's output holds past's
+    /// entries before `lengths[b]` (zeros for any at or past P), new's S entries from
+    /// `lengths[b]` on, zeros after them: GroupQueryAttention's present key/value, written
+    /// in one pass instead of a concatenation and a row gather.
+    CacheAppend {
+        axis: usize,
+        len: Dim,
+    },
     /// `torch.gather`: index has the input's rank; out[i][j] = in[index[i][j]][j] on `axis`.
     Gather {
         axis: usize,
@@ -486,6 +496,7 @@ impl Op {
             Op::Flip { .. } => "flip".into(),
             Op::Pad { .. } => "pad".into(),
             Op::Concat { .. } => "concat".into(),
+            Op::CacheAppend { .. } => "cache_append".into(),
             Op::Gather { .. } => "gather".into(),
             Op::IndexSelect { .. } => "index_select".into(),
             Op::Scatter { .. } => "scatter".into(),

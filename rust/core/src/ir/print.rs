@@ -26,6 +26,7 @@ impl fmt::Display for Graph {
                     step,
                 } => format!("axis={axis} {start}:{end}:{step}"),
                 Op::Flip { axes } => format!("{axes:?}"),
+                Op::CacheAppend { axis, len } => format!("axis={axis} len={len}"),
                 Op::Pad { pads, value } => format!("{pads:?} value={value:?}"),
                 Op::Concat { axis }
                 | Op::Gather { axis }

@@ -3,15 +3,17 @@
 //!
 //! Values are unpacked by bit position (all low values of a block's bytes, then the next
 //! ones) so unpacking is a plain vector loop; x's columns are put in that order once per
-//! call (`reorder_x`), which leaves every sum unchanged. Up to `FEW_ROWS` rows of x, each
+//! call (`reorder_x`), which leaves every sum unchanged. For a few rows of x (decode), each
 //! block is unpacked in registers as it is multiplied, `GROUP_ROWS` rows of x a pass, so the
-//! weight is read at its packed size and never held in float. Past it (prefill), the weight
-//! is unpacked once per call and multiplied by the GEMM.
+//! weight is read at its packed size and never held in float. From `GEMM_ROWS` rows on
+//! (prefill), each part of the weight is unpacked once per call into a cache-sized buffer
+//! and multiplied by the GEMM kernel; without AVX2, past `FEW_ROWS` rows the whole weight
+//! is unpacked for the portable GEMM.
 
 use ember_core::dtype::DType;
 
-use super::dot;
 use super::elementwise::cast;
+use super::{dot, sgemm};
 use crate::buffer::{Layout, Val};
 use crate::error::{CpuError, KResult};
 use crate::par;
@@ -21,6 +23,14 @@ use crate::par;
 const FEW_ROWS: usize = 64;
 /// Rows of x one pass over the weights serves (their sums stay in registers).
 const GROUP_ROWS: usize = 4;
+/// Rows of x from which the weights are unpacked into the GEMM kernel (`unpacked_in_parts`):
+/// one thread, K = N = 2048, 4 bits, it ran at 17, 25 and 32 G multiply-adds/s for 8, 12
+/// and 16 rows, the grouped kernel at 24 for each (`block_quant_speed`).
+const GEMM_ROWS: usize = 12;
+/// Unpacked weights per part of `unpacked_in_parts`, in floats, and the row count they
+/// are rounded to (four of the GEMM kernel's 6-row tiles).
+const PART_FLOATS: usize = 16384;
+const PART_ROWS: usize = 24;
 
 /// The shapes of one `BlockQuantDot`.
 #[derive(Clone, Copy)]
@@ -119,9 +129,15 @@ pub fn block_quant_dot(
     );
     let (xs, q) = (xv.run(0, m * k), qv.run(0, n * row_bytes));
     let (s, z) = (sv.run(0, n * blocks), zv.run(0, n * blocks));
-    if m <= FEW_ROWS {
+    let in_parts = m >= GEMM_ROWS && sgemm::available();
+    if m <= FEW_ROWS || in_parts {
         Val::build::<f32>(DType::F32, &[m, n], |out| {
-            few_rows(out, xs, q, (s, z), d);
+            let mut xr = vec![0f32; m * blocks * block];
+            reorder_x(&mut xr, xs, d);
+            match in_parts {
+                true => unpacked_in_parts(out, &xr, q, (s, z), d),
+                false => few_rows(out, &xr, q, (s, z), d),
+            }
             Ok(())
         })
     } else {
@@ -160,11 +176,10 @@ fn reorder_x(out: &mut [f32], xs: &[f32], d: Dims) {
     }
 }
 
-/// Rows of `out` `[m, n]` for a few rows of x: parallel over chunks of weight rows.
-fn few_rows(out: &mut [f32], xs: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
+/// Rows of `out` `[m, n]` for a few rows of x (`xr`, in `reorder_x`'s order): parallel
+/// over chunks of weight rows.
+fn few_rows(out: &mut [f32], xr: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
     let padded = d.blocks * d.block;
-    let mut xr = vec![0f32; d.m * padded];
-    reorder_x(&mut xr, xs, d);
     // Σ x over each block of each row: the zero point's share of a block's sum.
     let block_sums: Vec<f32> = xr.chunks_exact(d.block).map(|b| b.iter().sum()).collect();
     let chunk = d.n.div_ceil(par::threads().max(1) * 4).clamp(4, 256);
@@ -194,9 +209,64 @@ fn few_rows(out: &mut [f32], xs: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims
     });
 }
 
+/// `GEMM_ROWS` rows of x or more (a prompt): each part of the weight rows is unpacked once
+/// into a buffer that stays in cache and multiplied by every row of x with the GEMM
+/// kernel (the grouped kernel unpacks the weights again for each group of rows: a third of
+/// its work at 32 rows). The GEMM computes outᵀ = w · xᵀ, so that x, shared by every part,
+/// is packed for the kernel once and the unpacked rows are read in their own order.
+fn unpacked_in_parts(out: &mut [f32], xr: &[f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
+    let padded = d.blocks * d.block;
+    let x_cols = sgemm::Strided {
+        ptr: xr.as_ptr(),
+        rs: 1,
+        cs: padded as isize,
+    };
+    let mut xp = vec![0f32; sgemm::panels_len(padded, d.m)];
+    // SAFETY: xr holds m rows of `padded` values, read as the padded × m matrix xᵀ; xp
+    // holds its panels.
+    unsafe { sgemm::pack_right(&mut xp, padded, d.m, x_cols) };
+    // About 64 KiB of unpacked weights a part (whole tiles of the kernel's rows), and
+    // parts enough for the threads.
+    let most = (PART_FLOATS / padded).max(PART_ROWS) / PART_ROWS * PART_ROWS;
+    let chunk =
+        d.n.div_ceil(par::threads().max(1) * 2)
+            .clamp(PART_ROWS, most);
+    let base = SendPtr(out.as_mut_ptr());
+    par::for_each(d.n.div_ceil(chunk), |p| {
+        let rows = p * chunk..((p + 1) * chunk).min(d.n);
+        let mut w = vec![0f32; rows.len() * padded];
+        unpack_some(&mut w, rows.start, q, sz, d);
+        let w_rows = sgemm::Strided {
+            ptr: w.as_ptr(),
+            rs: padded as isize,
+            cs: 1,
+        };
+        let mut t = vec![0f32; rows.len() * d.m];
+        let (w_rows, x) = (
+            sgemm::Operand::Strided(w_rows),
+            sgemm::Operand::PanelsB(&xp),
+        );
+        // SAFETY: w holds rows·padded values, xp the panels of all m columns, t rows·m.
+        unsafe { sgemm::sgemm((rows.len(), d.m, padded), w_rows, x, t.as_mut_ptr(), d.m, 1) };
+        for (j, r) in rows.clone().enumerate() {
+            for (i, &v) in t[j * d.m..][..d.m].iter().enumerate() {
+                // SAFETY: (i, r) lies inside `out` ([m, n]); parts cover disjoint columns.
+                unsafe { *base.get().add(i * d.n + r) = v };
+            }
+        }
+    });
+}
+
 struct SendPtr(*mut f32);
 // SAFETY: hands disjoint elements of one exclusively borrowed slice to threads.
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` struct).
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// `sums[i · rows + j]` = x row i · weight row `rows.start + j` (x in `reorder_x`'s order).
 fn rows_dot(
@@ -504,20 +574,26 @@ fn unpack_bit_order(w: &mut [f32], bytes: &[u8], (scale, zero): (f32, f32), bits
 fn unpack_all(w: &mut [f32], q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
     let padded = d.blocks * d.block;
     par::for_chunks_mut(w, padded * 16, |start, part| {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::fma_available() {
-            // SAFETY: the CPU has AVX2 and FMA (checked above); 4-bit rows as rows_dot4.
-            unsafe {
-                if d.bits == 4 && d.block_bytes().is_multiple_of(8) {
-                    x86::unpack_rows4(part, start / padded, q, sz, d)
-                } else {
-                    x86::unpack_rows(part, start / padded, q, sz, d)
-                }
-            };
-            return;
-        }
-        unpack_rows(part, start / padded, q, sz, d)
+        unpack_some(part, start / padded, q, sz, d)
     });
+}
+
+/// Weight rows `first..` unpacked into `w` (whole padded rows), by the fastest kernel the
+/// CPU has.
+fn unpack_some(w: &mut [f32], first: usize, q: &[u8], sz: (&[f32], &[f32]), d: Dims) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::fma_available() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above); 4-bit rows as rows_dot4.
+        unsafe {
+            if d.bits == 4 && d.block_bytes().is_multiple_of(8) {
+                x86::unpack_rows4(w, first, q, sz, d)
+            } else {
+                x86::unpack_rows(w, first, q, sz, d)
+            }
+        };
+        return;
+    }
+    unpack_rows(w, first, q, sz, d)
 }
 
 /// Weight rows `first..` unpacked into `w` (whole padded rows).
@@ -554,7 +630,7 @@ mod tests {
     }
 
     /// The product against the weight unpacked by hand, for each width, a K that ends in a
-    /// partial block, and row counts on both sides of `FEW_ROWS`.
+    /// partial block, and row counts for each kernel (grouped, in parts, several parts).
     #[test]
     fn matches_the_unpacked_product() {
         let mut seed = 7u32;
@@ -566,7 +642,9 @@ mod tests {
             for (m, k, n, block) in [
                 (1usize, 40usize, 5usize, 16usize),
                 (3, 64, 7, 32),
+                (12, 64, 7, 32),
                 (40, 50, 9, 16),
+                (70, 96, 50, 32),
             ] {
                 let blocks = k.div_ceil(block);
                 let row_bytes = blocks * block * bits / 8;
@@ -655,6 +733,63 @@ mod speed {
                 per * 1e6,
                 (m * k * n) as f64 / per / 1e9
             );
+        }
+        // Prompts: the grouped kernel, unpacking into the GEMM a part at a time, and the
+        // whole weight unpacked for one GEMM.
+        let paths = ["grouped", "in parts", "whole"];
+        for m in [5usize, 8, 16, 32, 64, 256] {
+            let d = Dims {
+                m,
+                k,
+                n,
+                bits: 4,
+                block,
+                blocks,
+                row_bytes: blocks * block / 2,
+            };
+            let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let mut xr = vec![0f32; m * blocks * block];
+            reorder_x(&mut xr, &xs, d);
+            let mut out = vec![0f32; m * n];
+            let x = Val::build::<f32>(DType::F32, &[m, k], |v| {
+                v.copy_from_slice(&xs);
+                Ok(())
+            })
+            .unwrap();
+            for path in paths {
+                // The fastest of 10 runs: this machine's neighbours add noise, never speed.
+                let per = (0..10)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        match path {
+                            "grouped" => few_rows(&mut out, &xr, &q, (&s, &z), d),
+                            "in parts" => unpacked_in_parts(&mut out, &xr, &q, (&s, &z), d),
+                            _ => {
+                                let w = Val::build::<f32>(DType::F32, &[n, k], |w| {
+                                    unpack_all(w, &q, (&s, &z), d);
+                                    Ok(())
+                                })
+                                .unwrap();
+                                let wt = w
+                                    .with_layout(Layout {
+                                        shape: vec![k, n],
+                                        strides: vec![1, k as isize],
+                                        offset: 0,
+                                    })
+                                    .unwrap();
+                                dot::dot(&x, &wt, 1).unwrap();
+                            }
+                        }
+                        t.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                println!(
+                    "{m} rows x {} weights, {path}: {:.1} us, {:.2} G multiply-adds/s (one thread)",
+                    k * n,
+                    per * 1e6,
+                    (m * k * n) as f64 / per / 1e9
+                );
+            }
         }
     }
 }

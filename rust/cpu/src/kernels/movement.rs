@@ -273,6 +273,81 @@ fn concat_fill<U: Copy>(
     Ok(())
 }
 
+/// `CacheAppend` written into `dest`: per sequence b, along `axis`, past's entries before
+/// `lengths[b]` (zeros past P), new's S entries from there, zeros after. Whole row blocks
+/// are copied; only rows no input covers are zeroed (none, for a cache that grows by S).
+pub fn cache_append_into(
+    past: &Val,
+    new: &Val,
+    lengths: &Val,
+    axis: usize,
+    dest: &mut Dest,
+) -> KResult<()> {
+    let shape = dest.shape.clone();
+    let r = shape.len();
+    let fits = |x: &Val| {
+        x.dtype == dest.dtype
+            && x.shape().len() == r
+            && (0..r).all(|d| d == axis || x.shape()[d] == shape[d])
+    };
+    if axis == 0 || axis >= r || !fits(past) || !fits(new) || lengths.shape() != [shape[0]] {
+        return Err(CpuError::Shape(format!(
+            "cache_append of {:?} and {:?} with lengths {:?} into {:?} on axis {axis}",
+            past.shape(),
+            new.shape(),
+            lengths.shape(),
+            shape
+        )));
+    }
+    if lengths.dtype.is_float() || lengths.dtype == DType::Bool {
+        return Err(CpuError::Shape(format!(
+            "cache_append lengths of dtype {}",
+            lengths.dtype
+        )));
+    }
+    let at: Vec<i64> = crate::with_dtype!(lengths.dtype, T => {
+        lengths.to_vec::<T>()?.into_iter().map(T::to_i64).collect()
+    });
+    let (p, s, len) = (past.shape()[axis], new.shape()[axis], shape[axis]);
+    let strides: Vec<isize> = contiguous_strides(&shape)
+        .into_iter()
+        .map(|s| s as isize)
+        .collect();
+    let (row, outer) = (
+        strides[axis] as usize,
+        shape[1..axis].iter().product::<usize>(),
+    );
+    crate::with_size!(dest.dtype, U => {
+        let out = dest.slice::<U>()?;
+        for (b, &first) in at.iter().enumerate() {
+            let base = b * strides[0] as usize;
+            // Rows [0, kept) from past, [lo, hi) from new, zeros elsewhere.
+            let kept = first.clamp(0, p.min(len) as i64) as usize;
+            let lo = first.clamp(0, len as i64) as usize;
+            let hi = first.saturating_add(s as i64).clamp(lo as i64, len as i64) as usize;
+            let one = |x: &Val, from: usize, to: usize| -> KResult<Val> {
+                let x = slice(x, 0, b as i64, b as i64 + 1, 1)?;
+                slice(&x, axis, from as i64, to as i64, 1)
+            };
+            if kept > 0 {
+                copy_into(&one(past, 0, kept)?.view::<U>()?, out, base, &strides);
+            }
+            if hi > lo {
+                let skip = (lo as i64 - first) as usize;
+                let rows = one(new, skip, skip + hi - lo)?;
+                copy_into(&rows.view::<U>()?, out, base + lo * row, &strides);
+            }
+            for (from, to) in [(kept, lo), (hi, len)] {
+                for o in 0..outer * (to > from) as usize {
+                    let at = base + o * len * row;
+                    out[at + from * row..at + to * row].fill(U::default());
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The common dtype of a concat's inputs, after checking they fit `out_shape`.
 fn concat_check(xs: &[&Val], axis: usize, out_shape: &[usize]) -> KResult<DType> {
     let dtype = xs

@@ -443,6 +443,32 @@ impl<'a> Emitter<'a> {
                 }
                 Ok(v)
             }
+            Op::CacheAppend { axis, .. } => {
+                // Past's entry before the sequence's length, new's S entries from it, else 0.
+                let t = compute_type(dtype);
+                let zero = match dtype.is_float() {
+                    true => Scalar::Float(0.0),
+                    false => Scalar::Int(0),
+                };
+                let v = self.fresh("v");
+                self.line(format!("{t} {v} = {};", scalar_literal(zero, dtype)));
+                let first = self.value(input(2), &idx[..1])?;
+                let f = self.fresh("f");
+                self.line(format!("const i64 {f} = (i64){first};"));
+                let (p, s) = (self.dim(&in_shape(0)[*axis]), self.dim(&in_shape(1)[*axis]));
+                let j = idx[*axis].clone();
+                self.open(format!("if ({j} < {f} && {j} < {p})"));
+                let x = self.value(input(0), idx)?;
+                self.line(format!("{v} = {x};"));
+                self.close();
+                self.open(format!("else if ({j} >= {f} && {j} - {f} < {s})"));
+                let mut inner = idx.to_vec();
+                inner[*axis] = format!("({j} - {f})");
+                let x = self.value(input(1), &inner)?;
+                self.line(format!("{v} = {x};"));
+                self.close();
+                Ok(v)
+            }
             Op::Gather { axis } => {
                 let j = self.value(input(1), idx)?;
                 let len = self.dim(&in_shape(0)[*axis]);

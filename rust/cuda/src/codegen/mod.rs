@@ -306,6 +306,7 @@ pub fn collect_symbols(g: &Graph) -> Vec<Arc<str>> {
                 visit(start);
                 visit(end);
             }
+            Op::CacheAppend { len, .. } => visit(len),
             _ => {}
         }
     }

@@ -688,7 +688,7 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         None => total.clone(),
     };
     let present = |ctx: &mut Ctx, past: Option<ValueId>, new: ValueId| -> Result<ValueId> {
-        present_cache(ctx, past, new, past_b, [&s, &buffer, &present_len])
+        present_cache(ctx, past, new, past_b, [&s, &present_len])
     };
     let present_k = present(ctx, past_k, k_new)?;
     let present_v = present(ctx, past_v, v_new)?;
@@ -820,85 +820,33 @@ fn visible_keys(
 /// A `GroupQueryAttention` present cache `[B, kvN, len, H]`: position `j` of sequence `b`
 /// holds the cached `past[j]` for `j < past_b`, the new `new[j − past_b]` up to `past_b + S`,
 /// zeros after. Without a past and with `len = S` that is `new` itself.
-///
-/// Built as one row selection from `[past, new, a zero row]` per (sequence, head), whole
-/// rows of H at a time (an element-wise gather of the cache was half a decode step).
 fn present_cache(
     ctx: &mut Ctx,
     past: Option<ValueId>,
     new: ValueId,
     past_b: ValueId,
-    [s, buffer, len]: [&Dim; 3],
+    [s, len]: [&Dim; 2],
 ) -> Result<ValueId> {
     if past.is_none() && len == s {
         return Ok(new);
     }
     let ns = ctx.b.shape(new);
-    let (batch, heads, head) = (ns[0].clone(), ns[1].clone(), ns[3].clone());
-    let dtype = ctx.b.dtype(new);
-    let zero_row = ctx.b.full(
-        Scalar::Float(0.0),
-        dtype,
-        vec![batch.clone(), heads.clone(), Dim::Const(1), head.clone()],
-    )?;
-    let mut parts: Vec<ValueId> = past.into_iter().collect();
-    parts.extend([new, zero_row]);
-    let rows = ctx.b.op(Op::Concat { axis: 2 }, &parts)?;
-    let key = format!("gqa rows {past_b:?} {s} {buffer} {len} {batch} {heads}");
-    let at = ctx.shared(key, |ctx| {
-        present_rows(ctx, past_b, [s, buffer, len], [&batch, &heads])
-    })?;
-    let per_head = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
-    let per_head = Dim::binary(DimOp::Add, per_head, Dim::Const(1));
-    let bh = Dim::binary(DimOp::Mul, batch.clone(), heads.clone());
-    let flat = ctx.b.reshape(
-        rows,
-        vec![Dim::binary(DimOp::Mul, bh, per_head), head.clone()],
-    )?;
-    ctx.b.op(Op::IndexSelect { axis: 0 }, &[flat, at])
-}
-
-/// For `present_cache`: the row of `[past, new, zero row]` (flattened over sequences and
-/// heads, `buffer + S + 1` rows each) that each present position reads, `[B, kvN, len]`.
-fn present_rows(
-    ctx: &mut Ctx,
-    past_b: ValueId,
-    [s, buffer, len]: [&Dim; 3],
-    [batch, heads]: [&Dim; 2],
-) -> Result<ValueId> {
-    // Where each present position reads in `rows` (per sequence, [B, len]).
-    let zero_at = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
-    let zero_at = ctx.b.dim_value(&zero_at, DType::I64)?;
-    let buffer_v = ctx.b.dim_value(buffer, DType::I64)?;
-    let s_val = ctx.b.dim_value(s, DType::I64)?;
-    let (_, j) = grid(ctx, &Dim::Const(1), len)?;
-    let shifted = cmp(ctx, BinaryOp::Sub, j, past_b)?;
-    let shifted = bin(ctx, BinaryOp::Add, shifted, buffer_v)?;
-    let end = bin(ctx, BinaryOp::Add, past_b, s_val)?;
-    let written = cmp(ctx, BinaryOp::Lt, j, end)?;
-    let v = ctx.b.broadcast_all(&[written, shifted, zero_at])?;
-    let new_or_zero = ctx.b.op(Op::Where, &v)?;
-    let cached = cmp(ctx, BinaryOp::Lt, j, past_b)?;
-    let v = ctx.b.broadcast_all(&[cached, j, new_or_zero])?;
-    let idx = ctx.b.op(Op::Where, &v)?;
-    // Out-of-range lengths (seqlens_k past the buffer) read zeros, never outside `rows`.
-    let zero = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
-    let idx = bin(ctx, BinaryOp::Max, idx, zero)?;
-    let idx = bin(ctx, BinaryOp::Min, idx, zero_at)?;
-    // Row numbers in `rows` flattened to [B·kvN·(buffer + S + 1), H].
-    let per_head = Dim::binary(DimOp::Add, buffer.clone(), s.clone());
-    let per_head = Dim::binary(DimOp::Add, per_head, Dim::Const(1));
-    let bh = Dim::binary(DimOp::Mul, batch.clone(), heads.clone());
-    let first = positions(ctx, bh.clone())?;
-    let stride = ctx.b.dim_value(&per_head, DType::I64)?;
-    let first = bin(ctx, BinaryOp::Mul, first, stride)?;
-    let first = ctx
-        .b
-        .reshape(first, vec![batch.clone(), heads.clone(), Dim::Const(1)])?;
-    let idx = ctx
-        .b
-        .reshape(idx, vec![batch.clone(), Dim::Const(1), len.clone()])?;
-    cmp(ctx, BinaryOp::Add, first, idx)
+    let past = match past {
+        Some(p) => p,
+        None => {
+            let mut empty = ns.clone();
+            empty[2] = Dim::Const(0);
+            ctx.b.full(Scalar::Float(0.0), ctx.b.dtype(new), empty)?
+        }
+    };
+    let lengths = ctx.b.reshape(past_b, vec![ns[0].clone()])?;
+    ctx.b.op(
+        Op::CacheAppend {
+            axis: 2,
+            len: len.clone(),
+        },
+        &[past, new, lengths],
+    )
 }
 
 /// `com.microsoft.RotaryEmbedding`: `input` `[B, S, hidden]` or `[B, N, S, H]` rotated by
