@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import ember
+import numpy as np
 import pytest
 import torch
 from conftest import check, rand
@@ -126,6 +127,8 @@ def _sources() -> dict[str, dict]:
     )
     # An int4 product whose weight stays packed (ONNX Runtime's `MatMulNBits`).
     out["int4_product"] = cuda.generated_source(_core.load_onnx(data=_int4_model()))
+    # GroupQueryAttention appending to a cache (`cache_append`) with per-sequence lengths.
+    out["gqa_cache"] = cuda.generated_source(_core.load_onnx(data=_gqa_model()))
     for name, model, args in cases:
         ep = export_program(model, args)
         program = _core.load_pt2(data=save_bytes(ep), load_weights=False)
@@ -171,6 +174,45 @@ def _int4_model() -> bytes:
             numpy_helper.from_array(t.numpy(), name)
             for name, t in (("b", packed), ("scales", scales), ("zeros", zeros))
         ],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def _gqa_model() -> bytes:
+    """One decode step of `GroupQueryAttention`: 4 query and 2 key/value heads of 8, a
+    past of 5 positions, 6 in all."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    heads, kv, head, past, total = 4, 2, 8, 5, 6
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total"],
+        ["y", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv,
+    )
+    f = TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("q", f, ["batch", 1, heads * head]),
+        helper.make_tensor_value_info("k", f, ["batch", 1, kv * head]),
+        helper.make_tensor_value_info("v", f, ["batch", 1, kv * head]),
+        helper.make_tensor_value_info("past_key", f, ["batch", kv, past, head]),
+        helper.make_tensor_value_info("past_value", f, ["batch", kv, past, head]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("y", f, ["batch", 1, heads * head]),
+        helper.make_tensor_value_info("present_key", f, ["batch", kv, total, head]),
+        helper.make_tensor_value_info("present_value", f, ["batch", kv, total, head]),
+    ]
+    graph = helper.make_graph(
+        [node],
+        "gqa",
+        inputs,
+        outputs,
+        [numpy_helper.from_array(np.array(total, np.int32), "total")],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets).SerializeToString()
