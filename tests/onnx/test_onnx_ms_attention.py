@@ -326,6 +326,56 @@ def test_group_query_attention_rotates_at_given_positions(
     )
 
 
+SINK_CASES = {
+    # (s, past buffer, total keys per sequence, total_sequence_length, attributes)
+    "decode, head_sink": (1, 5, [6, 4], 6, {"sink": True}),
+    "prompt, right padding, head_sink": (6, 0, [6, 3], 6, {"sink": True}),
+    "decode, smooth_softmax": (1, 5, [6, 6], 6, {"smooth_softmax": 1}),
+    "head_sink over smooth_softmax, bias, soft cap": (
+        1,
+        5,
+        [6, 5],
+        6,
+        {"sink": True, "smooth_softmax": 1, "bias": True, "softcap": 3.0},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SINK_CASES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_query_attention_with_attention_sinks(case: str, backend: str) -> None:
+    """A sink logit per head in every softmax's denominator (`head_sink`, gpt-oss), or a
+    zero one (`smooth_softmax`)."""
+    s, past, lens, total, attrs = SINK_CASES[case]
+    attrs = dict(attrs)
+    sink, bias = attrs.pop("sink", False), attrs.pop("bias", False)
+    inputs, consts = gqa_inputs(s, past, lens, total)
+    rng = np.random.default_rng(9)
+    inputs["position_ids"] = None
+    width = max(total, past)
+    inputs["attention_bias"] = randn(len(lens), 1, s, width, seed=8) if bias else None
+    inputs["head_sink"] = rng.standard_normal(N).astype(np.float32) * 2 if sink else None
+    model = ms_model(
+        "GroupQueryAttention",
+        inputs,
+        {"y": F, "present_key": F, "present_value": F},
+        consts=consts,
+        num_heads=N,
+        kv_num_heads=KV,
+        **attrs,
+    )
+    feeds = feeds_of(inputs, consts)
+    want = ort_run(model, feeds)
+    got = compile_on(model, backend)(**feeds)
+    tol = tolerance(backend, **TOL)
+    for b, tot in enumerate(lens):
+        # As in the test above: a first prompt's padded query rows are unspecified.
+        rows = min(s, tot) if s == total else s
+        np.testing.assert_allclose(got[0][b, :rows], want[0][b, :rows], **tol)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_allclose(g, w, **tol)
+
+
 def test_group_query_attention_serves_prompt_and_decode_from_one_compile() -> None:
     """As ONNX Runtime's LLM builder (onnxruntime-genai) writes it: `total_sequence_length`
     is the attention mask's width, `seqlens_k` its row sums minus one, every length

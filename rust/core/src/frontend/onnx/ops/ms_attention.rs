@@ -504,7 +504,7 @@ fn multi_head_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// KV cache whose valid length per sequence is read at run time (`seqlens_k[b] + 1`
 /// keys in all, the new ones written after the `tot_b − S` cached), rotary embeddings of
 /// the new queries and keys at their positions, a causal frontier, a local window, a
-/// soft cap and an attention bias.
+/// soft cap, an attention bias and attention sinks (`head_sink`, `smooth_softmax`).
 ///
 /// `present` holds `max(total_sequence_length, past buffer)` positions: the cached keys, the
 /// new ones, zeros after them (as ONNX Runtime writes it). The first prompt (`S` equal to
@@ -514,7 +514,6 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         return Err(n.unsupported("the output_qk debugging output"));
     }
     let refused = [
-        (11, "head_sink"),
         (12, "k_scale (a quantized cache)"),
         (13, "v_scale (a quantized cache)"),
         (14, "q_norm_weight"),
@@ -525,9 +524,6 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         if n.input(k).is_some() {
             return Err(n.unsupported(format!("the {what} input")));
         }
-    }
-    if n.int("smooth_softmax", 0)? == 1 {
-        return Err(n.unsupported("smooth_softmax"));
     }
     if n.int("sliding_window_cache", 0)? != 0 || n.int("kv_cache_bit_width", 0)? != 0 {
         return Err(n.unsupported("a sliding-window or quantized KV cache"));
@@ -720,9 +716,29 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         }
         None => keep,
     };
+    // A sink logit per head (`head_sink`, or 0 for `smooth_softmax`) joins each softmax's
+    // denominator: one more key, of zeros, scored by the mask.
+    let sink = match ctx.opt_input(n, 11)? {
+        Some(sink) => Some(sink),
+        None if n.int("smooth_softmax", 0)? == 1 => Some(ctx.b.full(
+            Scalar::Float(0.0),
+            dtype,
+            vec![Dim::Const(heads)],
+        )?),
+        None => None,
+    };
+    let (mask, [present_k_seen, present_v_seen]) = match sink {
+        None => (mask, [present_k, present_v]),
+        Some(sink) => {
+            if ctx.b.dtype(sink) != dtype || ctx.b.shape(sink) != [Dim::Const(heads)] {
+                return Err(n.err(format!("head_sink must be a [{heads}] {dtype} tensor")));
+            }
+            with_sink_key(ctx, [present_k, present_v], mask, sink, &full)?
+        }
+    };
     let q_heads = Dim::Const(heads);
-    let kr = ctx.b.repeat_heads(present_k, &q_heads)?;
-    let vr = ctx.b.repeat_heads(present_v, &q_heads)?;
+    let kr = ctx.b.repeat_heads(present_k_seen, &q_heads)?;
+    let vr = ctx.b.repeat_heads(present_v_seen, &q_heads)?;
     let scale = scale_of(n, head as usize)?;
     let softcap = n.float("softcap", 0.0)? as f64;
     let y = scaled_dot_product(ctx, [q4, kr, vr], Some(mask), false, scale, softcap)?;
@@ -731,6 +747,48 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         Val::of(present_k),
         Val::of(present_v),
     ])
+}
+
+/// The keys and values `[B, kvN, len, H]` with a row of zeros after them, and the mask
+/// `[B, N, S, len]` (bool or additive) as an additive one with the sink's column after it:
+/// the extra key scores `sink[h]` for every query of head h and adds nothing to the output,
+/// so each softmax's denominator gains `exp(sink[h])` (ONNX Runtime's `head_sink`).
+fn with_sink_key(
+    ctx: &mut Ctx,
+    cache: [ValueId; 2],
+    mask: ValueId,
+    sink: ValueId,
+    full: &[Dim],
+) -> Result<(ValueId, [ValueId; 2])> {
+    let dtype = ctx.b.dtype(sink);
+    let with_zero_row = |ctx: &mut Ctx, x: ValueId| -> Result<ValueId> {
+        let mut row = ctx.b.shape(x);
+        row[2] = Dim::Const(1);
+        let zeros = ctx.b.full(Scalar::Float(0.0), dtype, row)?;
+        ctx.b.op(Op::Concat { axis: 2 }, &[x, zeros])
+    };
+    let k = with_zero_row(ctx, cache[0])?;
+    let v = with_zero_row(ctx, cache[1])?;
+    let additive = match ctx.b.dtype(mask) {
+        DType::Bool => {
+            let zero = ctx.b.full(Scalar::Float(0.0), dtype, full.to_vec())?;
+            let hidden = ctx
+                .b
+                .full(Scalar::Float(f64::NEG_INFINITY), dtype, full.to_vec())?;
+            ctx.b.op(Op::Where, &[mask, zero, hidden])?
+        }
+        _ => mask,
+    };
+    let heads = full[1].clone();
+    let sink = ctx.b.reshape(
+        sink,
+        vec![Dim::Const(1), heads, Dim::Const(1), Dim::Const(1)],
+    )?;
+    let mut column = full.to_vec();
+    column[3] = Dim::Const(1);
+    let sink = ctx.b.broadcast_to(sink, &column)?;
+    let mask = ctx.b.op(Op::Concat { axis: 3 }, &[additive, sink])?;
+    Ok((mask, [k, v]))
 }
 
 /// GroupQueryAttention's `position_ids` as ONNX Runtime reads them: `[B, S]` per query,
