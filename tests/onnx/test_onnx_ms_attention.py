@@ -326,8 +326,9 @@ def test_group_query_attention_rotates_at_given_positions(
     )
 
 
-SINK_CASES = {
-    # (s, past buffer, total keys per sequence, total_sequence_length, attributes)
+GQA_EXTRA_CASES = {
+    # (s, past buffer, total keys per sequence, total_sequence_length, attributes); "sink":
+    # a head_sink input, "bias": an attention_bias, "norm": q/k norm weights, "rotary".
     "decode, head_sink": (1, 5, [6, 4], 6, {"sink": True}),
     "prompt, right padding, head_sink": (6, 0, [6, 3], 6, {"sink": True}),
     "decode, smooth_softmax": (1, 5, [6, 6], 6, {"smooth_softmax": 1}),
@@ -338,23 +339,35 @@ SINK_CASES = {
         6,
         {"sink": True, "smooth_softmax": 1, "bias": True, "softcap": 3.0},
     ),
+    "decode, q/k norms, rotary": (1, 5, [6, 4], 6, {"norm": True, "rotary": True}),
+    "prompt, q/k norms with their own epsilons": (
+        4,
+        0,
+        [4, 4],
+        4,
+        {"norm": True, "qk_norm_epsilon": 0.5, "k_norm_epsilon": 1e-3},
+    ),
 }
 
 
-@pytest.mark.parametrize("case", list(SINK_CASES))
+@pytest.mark.parametrize("case", list(GQA_EXTRA_CASES))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_group_query_attention_with_attention_sinks(case: str, backend: str) -> None:
+def test_group_query_attention_with_sinks_and_norms(case: str, backend: str) -> None:
     """A sink logit per head in every softmax's denominator (`head_sink`, gpt-oss), or a
-    zero one (`smooth_softmax`)."""
-    s, past, lens, total, attrs = SINK_CASES[case]
+    zero one (`smooth_softmax`); Qwen3's per-head RMS norms of queries and keys."""
+    s, past, lens, total, attrs = GQA_EXTRA_CASES[case]
     attrs = dict(attrs)
     sink, bias = attrs.pop("sink", False), attrs.pop("bias", False)
-    inputs, consts = gqa_inputs(s, past, lens, total)
+    norm, rotary = attrs.pop("norm", False), attrs.pop("rotary", False)
+    inputs, consts = gqa_inputs(s, past, lens, total, rot=HG if rotary else 0)
     rng = np.random.default_rng(9)
     inputs["position_ids"] = None
     width = max(total, past)
     inputs["attention_bias"] = randn(len(lens), 1, s, width, seed=8) if bias else None
     inputs["head_sink"] = rng.standard_normal(N).astype(np.float32) * 2 if sink else None
+    inputs["k_scale"] = inputs["v_scale"] = None
+    for name in ("q_norm_weight", "k_norm_weight"):
+        inputs[name] = rng.uniform(0.5, 1.5, HG).astype(np.float32) if norm else None
     model = ms_model(
         "GroupQueryAttention",
         inputs,
@@ -362,11 +375,35 @@ def test_group_query_attention_with_attention_sinks(case: str, backend: str) -> 
         consts=consts,
         num_heads=N,
         kv_num_heads=KV,
+        do_rotary=int(rotary),
         **attrs,
     )
     feeds = feeds_of(inputs, consts)
-    want = ort_run(model, feeds)
     got = compile_on(model, backend)(**feeds)
+    reference = model
+    if norm:
+        # ONNX Runtime's CPU kernel refuses the norm weights: its reference is the same
+        # model fed queries and keys normalized here (Qwen3's RMS norm of each head).
+        both = attrs.get("qk_norm_epsilon", 1e-6)
+        for x, w, eps in (
+            ("q", "q_norm_weight", "q_norm_epsilon"),
+            ("k", "k_norm_weight", "k_norm_epsilon"),
+        ):
+            heads = inputs[x].reshape(len(lens), s, -1, HG).astype(np.float64)
+            rms = np.sqrt((heads**2).mean(-1, keepdims=True) + attrs.get(eps, both))
+            inputs[x] = (heads / rms * inputs[w]).reshape(inputs[x].shape).astype(np.float32)
+            inputs[w] = None
+        reference = ms_model(
+            "GroupQueryAttention",
+            inputs,
+            {"y": F, "present_key": F, "present_value": F},
+            consts=consts,
+            num_heads=N,
+            kv_num_heads=KV,
+            do_rotary=int(rotary),
+            **{k: v for k, v in attrs.items() if not k.endswith("epsilon")},
+        )
+    want = ort_run(reference, feeds_of(inputs, consts))
     tol = tolerance(backend, **TOL)
     for b, tot in enumerate(lens):
         # As in the test above: a first prompt's padded query rows are unspecified.

@@ -504,7 +504,8 @@ fn multi_head_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// KV cache whose valid length per sequence is read at run time (`seqlens_k[b] + 1`
 /// keys in all, the new ones written after the `tot_b − S` cached), rotary embeddings of
 /// the new queries and keys at their positions, a causal frontier, a local window, a
-/// soft cap, an attention bias and attention sinks (`head_sink`, `smooth_softmax`).
+/// soft cap, an attention bias, attention sinks (`head_sink`, `smooth_softmax`) and
+/// per-head RMS norms of the queries and keys (`q_norm_weight`, `k_norm_weight`).
 ///
 /// `present` holds `max(total_sequence_length, past buffer)` positions: the cached keys, the
 /// new ones, zeros after them (as ONNX Runtime writes it). The first prompt (`S` equal to
@@ -516,8 +517,6 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     let refused = [
         (12, "k_scale (a quantized cache)"),
         (13, "v_scale (a quantized cache)"),
-        (14, "q_norm_weight"),
-        (15, "k_norm_weight"),
         (16, "query_seqlens"),
     ];
     for (k, what) in refused {
@@ -576,6 +575,30 @@ fn group_query_attention(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     };
     let mut q = per_head(ctx, q, heads, "query")?;
     let mut k = per_head(ctx, k, kv_heads, "key")?;
+    // Qwen3's per-head RMS norms of queries and keys, before any rotation.
+    match (ctx.opt_input(n, 14)?, ctx.opt_input(n, 15)?) {
+        (Some(qw), Some(kw)) => {
+            let both = n.float("qk_norm_epsilon", 1e-6)?;
+            let q_eps = n.float("q_norm_epsilon", both)? as f64;
+            let k_eps = n.float("k_norm_epsilon", both)? as f64;
+            for (x, w, eps, what) in [
+                (&mut q, qw, q_eps, "q_norm_weight"),
+                (&mut k, kw, k_eps, "k_norm_weight"),
+            ] {
+                if ctx.b.dtype(w) != dtype || ctx.b.shape(w) != [Dim::Const(head)] {
+                    return Err(n.err(format!("{what} must be a [{head}] {dtype} tensor")));
+                }
+                let norm = Op::RmsNorm {
+                    axis: 3,
+                    eps,
+                    has_weight: true,
+                };
+                *x = ctx.b.op(norm, &[*x, w])?;
+            }
+        }
+        (None, None) => {}
+        _ => return Err(n.err("q_norm_weight and k_norm_weight must be given together")),
+    }
     let v = per_head(ctx, v, kv_heads, "value")?;
     let qs = ctx.b.shape(q);
     let (batch, s) = (qs[0].clone(), qs[1].clone());
