@@ -29,7 +29,7 @@ const GROUP_ROWS: usize = 4;
 const GEMM_ROWS: usize = 12;
 /// Unpacked weights per part of `unpacked_in_parts`, in floats, and the row count they
 /// are rounded to (four of the GEMM kernel's 6-row tiles).
-const PART_FLOATS: usize = 16384;
+const PART_FLOATS: usize = 65536;
 const PART_ROWS: usize = 24;
 
 /// The shapes of one `BlockQuantDot`.
@@ -225,7 +225,7 @@ fn unpacked_in_parts(out: &mut [f32], xr: &[f32], q: &[u8], sz: (&[f32], &[f32])
     // SAFETY: xr holds m rows of `padded` values, read as the padded × m matrix xᵀ; xp
     // holds its panels.
     unsafe { sgemm::pack_right(&mut xp, padded, d.m, x_cols) };
-    // About 64 KiB of unpacked weights a part (whole tiles of the kernel's rows), and
+    // At most 256 KiB of unpacked weights a part (whole tiles of the kernel's rows), and
     // parts enough for the threads.
     let most = (PART_FLOATS / padded).max(PART_ROWS) / PART_ROWS * PART_ROWS;
     let chunk =
@@ -696,10 +696,12 @@ mod speed {
     use super::*;
 
     /// `cargo test --release -p ember-cpu block_quant_speed -- --ignored --nocapture`
+    /// (`K=704 N=256` for other shapes).
     #[test]
     #[ignore]
     fn block_quant_speed() {
-        let (k, n, block) = (2048usize, 2048usize, 32usize);
+        let env = |v: &str, d: usize| std::env::var(v).map_or(d, |s| s.parse().unwrap());
+        let (k, n, block) = (env("K", 2048), env("N", 2048), 32usize);
         let blocks = k / block;
         let q: Vec<u8> = (0..n * blocks * block / 2)
             .map(|i| (i * 37 % 251) as u8)
