@@ -247,6 +247,25 @@ def gqa_inputs(
     return inputs, consts
 
 
+def gqa_model(inputs: dict[str, np.ndarray | None], consts: dict, **attrs: Any) -> Any:
+    """One GroupQueryAttention node with the tests' head counts and all three outputs."""
+    outputs = {"y": F, "present_key": F, "present_value": F}
+    return ms_model(
+        "GroupQueryAttention", inputs, outputs, consts=consts, num_heads=N, kv_num_heads=KV, **attrs
+    )
+
+
+def assert_gqa_close(got: list, want: list, s: int, lens: list[int], total: int, tol) -> None:
+    """Output and caches compared. Padded queries of a first prompt (rows past the
+    sequence's length) are unspecified in ONNX Runtime's kernels; every other row is."""
+    for b, tot in enumerate(lens):
+        rows = min(s, tot) if s == total else s
+        np.testing.assert_allclose(got[0][b, :rows], want[0][b, :rows], **tol)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, **tol)
+
+
 GQA_CASES = {
     # (s, past buffer, total keys per sequence, total_sequence_length, attributes)
     "first prompt": (6, 0, [6, 6], 6, {}),
@@ -270,27 +289,11 @@ def test_group_query_attention_matches_onnx_runtime(case: str, backend: str) -> 
     inputs, consts = gqa_inputs(
         s, past, lens, total, packed, rot=HG if attrs.get("do_rotary") else 0
     )
-    model = ms_model(
-        "GroupQueryAttention",
-        inputs,
-        {"y": F, "present_key": F, "present_value": F},
-        consts=consts,
-        num_heads=N,
-        kv_num_heads=KV,
-        **attrs,
-    )
+    model = gqa_model(inputs, consts, **attrs)
     feeds = feeds_of(inputs, consts)
     want = ort_run(model, feeds)
     got = compile_on(model, backend)(**feeds)
-    tol = tolerance(backend, **TOL)
-    for b, tot in enumerate(lens):
-        # Padded queries of a first prompt (rows past the sequence's length) are
-        # unspecified in ONNX Runtime's kernels; every other row and the caches are compared.
-        rows = min(s, tot) if s == total else s
-        np.testing.assert_allclose(got[0][b, :rows], want[0][b, :rows], **tol)
-    for g, w in zip(got[1:], want[1:], strict=True):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, **tol)
+    assert_gqa_close(got, want, s, lens, total, tolerance(backend, **TOL))
 
 
 @pytest.mark.parametrize("s, past, lens", [(6, 0, [6, 6]), (1, 5, [6, 4])])
@@ -368,16 +371,7 @@ def test_group_query_attention_with_sinks_and_norms(case: str, backend: str) -> 
     inputs["k_scale"] = inputs["v_scale"] = None
     for name in ("q_norm_weight", "k_norm_weight"):
         inputs[name] = rng.uniform(0.5, 1.5, HG).astype(np.float32) if norm else None
-    model = ms_model(
-        "GroupQueryAttention",
-        inputs,
-        {"y": F, "present_key": F, "present_value": F},
-        consts=consts,
-        num_heads=N,
-        kv_num_heads=KV,
-        do_rotary=int(rotary),
-        **attrs,
-    )
+    model = gqa_model(inputs, consts, do_rotary=int(rotary), **attrs)
     feeds = feeds_of(inputs, consts)
     got = compile_on(model, backend)(**feeds)
     reference = model
@@ -393,24 +387,10 @@ def test_group_query_attention_with_sinks_and_norms(case: str, backend: str) -> 
             rms = np.sqrt((heads**2).mean(-1, keepdims=True) + attrs.get(eps, both))
             inputs[x] = (heads / rms * inputs[w]).reshape(inputs[x].shape).astype(np.float32)
             inputs[w] = None
-        reference = ms_model(
-            "GroupQueryAttention",
-            inputs,
-            {"y": F, "present_key": F, "present_value": F},
-            consts=consts,
-            num_heads=N,
-            kv_num_heads=KV,
-            do_rotary=int(rotary),
-            **{k: v for k, v in attrs.items() if not k.endswith("epsilon")},
-        )
+        others = {k: v for k, v in attrs.items() if not k.endswith("epsilon")}
+        reference = gqa_model(inputs, consts, do_rotary=int(rotary), **others)
     want = ort_run(reference, feeds_of(inputs, consts))
-    tol = tolerance(backend, **TOL)
-    for b, tot in enumerate(lens):
-        # As in the test above: a first prompt's padded query rows are unspecified.
-        rows = min(s, tot) if s == total else s
-        np.testing.assert_allclose(got[0][b, :rows], want[0][b, :rows], **tol)
-    for g, w in zip(got[1:], want[1:], strict=True):
-        np.testing.assert_allclose(g, w, **tol)
+    assert_gqa_close(got, want, s, lens, total, tolerance(backend, **TOL))
 
 
 def test_group_query_attention_serves_prompt_and_decode_from_one_compile() -> None:

@@ -258,7 +258,7 @@ pub(crate) fn cache_append(
                 return Ok::<_, String>(None);
             }
             (&ps, 0, j as usize)
-        } else if j - first < s as i64 {
+        } else if j.saturating_sub(first) < s as i64 {
             (&ns, past.numel(), (j - first) as usize)
         } else {
             return Ok(None);

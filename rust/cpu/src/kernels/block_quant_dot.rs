@@ -708,7 +708,8 @@ mod speed {
             .collect();
         let s = vec![0.01f32; n * blocks];
         let z = vec![8f32; n * blocks];
-        for m in [1usize, GROUP_ROWS] {
+        // m rows of x: the shapes, the rows, and the rows in `reorder_x`'s order.
+        let rows_of = |m: usize| {
             let d = Dims {
                 m,
                 k,
@@ -721,6 +722,10 @@ mod speed {
             let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
             let mut xr = vec![0f32; m * blocks * block];
             reorder_x(&mut xr, &xs, d);
+            (d, xs, xr)
+        };
+        for m in [1usize, GROUP_ROWS] {
+            let (d, _, xr) = rows_of(m);
             let sums_x: Vec<f32> = xr.chunks_exact(block).map(|b| b.iter().sum()).collect();
             let mut out = vec![0f32; m * n];
             let t = std::time::Instant::now();
@@ -740,18 +745,7 @@ mod speed {
         // whole weight unpacked for one GEMM.
         let paths = ["grouped", "in parts", "whole"];
         for m in [5usize, 8, 16, 32, 64, 256] {
-            let d = Dims {
-                m,
-                k,
-                n,
-                bits: 4,
-                block,
-                blocks,
-                row_bytes: blocks * block / 2,
-            };
-            let xs: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
-            let mut xr = vec![0f32; m * blocks * block];
-            reorder_x(&mut xr, &xs, d);
+            let (d, xs, xr) = rows_of(m);
             let mut out = vec![0f32; m * n];
             let x = Val::build::<f32>(DType::F32, &[m, k], |v| {
                 v.copy_from_slice(&xs);
