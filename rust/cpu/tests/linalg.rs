@@ -366,13 +366,18 @@ fn grouped_query_attention_reads_shared_heads_in_place() {
     use ember_core::dim::Dim;
     let mut rng = Rng::new(27);
     let dims = |v: &[usize]| v.iter().map(|&d| Dim::Const(d as i64)).collect::<Vec<_>>();
-    for (rows, causal, masked, repeat_out) in [
-        (1, false, false, false),
-        (1, false, true, false),
-        (4, true, false, false),
-        (4, false, true, true),
+    // Decode rows run each group's query heads as one batch (`shared_kv_runs`): a mask
+    // per head must still reach its own row, and widths of 32 + 8 take the AVX2 blocks.
+    for (rows, causal, masked, repeat_out, mask_per_head, (e, ev)) in [
+        (1, false, false, false, false, (8, 6)),
+        (1, false, true, false, false, (8, 6)),
+        (1, false, true, false, true, (32, 40)),
+        (1, true, false, false, false, (32, 40)),
+        (1, false, true, false, true, (12, 8)),
+        (4, true, false, false, false, (8, 6)),
+        (4, false, true, true, false, (8, 6)),
     ] {
-        let (b, hkv, group, s, e, ev) = (2, 2, 3, 9, 8, 6);
+        let (b, hkv, group, s) = (2, 2, 3, 9);
         let mut g = Graph::new();
         let q = input(&mut g, 0, DType::F32, &[b, hkv * group, rows, e]);
         let k = input(&mut g, 1, DType::F32, &[b, hkv, s, e]);
@@ -412,7 +417,18 @@ fn grouped_query_attention_reads_shared_heads_in_place() {
             random(&mut rng, DType::F32, &[b, hkv, s, e], -2.0, 2.0),
             random(&mut rng, DType::F32, &[b, hkv, s, ev], -2.0, 2.0),
         ];
-        if masked {
+        if masked && mask_per_head {
+            // An additive mask of its own for every query head.
+            let m = input(&mut g, 3, DType::F32, &[b, hkv * group, rows, s]);
+            ins.push(m);
+            vals.push(random(
+                &mut rng,
+                DType::F32,
+                &[b, hkv * group, rows, s],
+                -3.0,
+                0.0,
+            ));
+        } else if masked {
             // One mask row per batch, broadcast over heads (as a padding mask is).
             let m = input(&mut g, 3, DType::Bool, &[b, 1, rows, s]);
             let wide = g
@@ -443,7 +459,9 @@ fn grouped_query_attention_reads_shared_heads_in_place() {
         if repeat_out {
             g.outputs.push(rk);
         }
-        let what = format!("grouped attention rows={rows} causal={causal} masked={masked}");
+        let what = format!(
+            "grouped attention rows={rows} causal={causal} masked={masked} per head={mask_per_head} e={e} ev={ev}"
+        );
         check_with(&g, &Weights::new(), &vals, 1e-5, &what);
     }
 }

@@ -221,28 +221,42 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         // f32 on AVX2 + FMA: the products in registers (the generic loops below keep an
         // output row in memory and did not vectorize the dot products well).
         let avx2_f32 = T::DTYPE == DType::F32 && sgemm::available();
-        let direct = |o: &mut [T], &[oq, ok, ov, om]: &[isize; 4]| {
-            with_scores(l * s, |scores: &mut [T]| {
-                let (q, k, v) = ((&vq, oq, qs), (&vk, ok, ks), (&vv, ov, vs));
+        // Batches `b0..b0 + batches` (several only when each has one query row and all
+        // read the same keys and values, with queries `dq` apart: see `shared_kv_runs`)
+        // into `o`, as one batch of `rows` query rows.
+        let direct = |o: &mut [T], b0: usize, batches: usize, dq: isize| {
+            let [oq, ok, ov, om] = offs[b0];
+            let (rows, q_stride) = if batches == 1 { (l, qs) } else { (batches, dq) };
+            // Query row r's row within its batch and where its batch's mask starts.
+            let row_of = |r: usize| match batches {
+                1 => (r, om),
+                _ => (0, offs[b0 + r][3]),
+            };
+            with_scores(rows * s, |scores: &mut [T]| {
+                let (q, k, v) = ((&vq, oq, q_stride), (&vk, ok, ks), (&vv, ov, vs));
                 if avx2_f32 {
                     // SAFETY: T is f32 (checked above); the rows lie in checked views with unit
-                    // stride along e/ev (`direct_ok`); scores holds l·s and o l·ev elements.
+                    // stride along e/ev (`direct_ok`); scores holds rows·s and o rows·ev
+                    // elements.
                     unsafe {
                         fast::scores(
                             scores.as_mut_ptr().cast(),
                             rows_f32(q),
                             rows_f32(k),
-                            (l, s, e),
+                            (rows, s, e),
                         )
                     };
                 } else {
                     simd::wide(
                         #[inline(always)]
-                        || scores_direct(scores, q, k, (l, s, e)),
+                        || scores_direct(scores, q, k, (rows, s, e)),
                     );
                 }
-                let factors: Vec<T> = (scores.chunks_mut(s.max(1)).enumerate().take(l))
-                    .map(|(i, row)| finish_row(row, i, om))
+                let factors: Vec<T> = (scores.chunks_mut(s.max(1)).enumerate().take(rows))
+                    .map(|(r, row)| {
+                        let (i, om) = row_of(r);
+                        finish_row(row, i, om)
+                    })
                     .collect();
                 if avx2_f32 {
                     // SAFETY: as above.
@@ -251,7 +265,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                             o.as_mut_ptr().cast(),
                             scores.as_ptr().cast(),
                             rows_f32(v),
-                            (l, s, ev),
+                            (rows, s, ev),
                         )
                     };
                 } else {
@@ -268,12 +282,23 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         };
         let parallel = threads > 1 && offs.len() * l * s * (e + ev) >= PAR_MIN_WORK;
         if direct_ok {
-            // Batches (heads) in parallel when there are several.
-            if parallel && offs.len() > 1 {
-                par::for_chunks_mut(out, l * ev, |start, o| direct(o, &offs[start / (l * ev)]));
+            let runs = match l {
+                1 => shared_kv_runs(&offs),
+                _ => (0..offs.len()).map(|b| (b, 1, 0)).collect(),
+            };
+            let span =
+                |&(b0, batches, _): &(usize, usize, isize)| b0 * l * ev..(b0 + batches) * l * ev;
+            // Runs of batches (heads) in parallel when there are several.
+            if parallel && runs.len() > 1 {
+                let parts: Vec<_> = runs.iter().map(span).collect();
+                par::for_parts_mut(out, &parts, |t, o| {
+                    let (b0, batches, dq) = runs[t];
+                    direct(o, b0, batches, dq)
+                });
             } else {
-                for (o, off) in out.chunks_mut(l * ev).zip(&offs) {
-                    direct(o, off);
+                for run in &runs {
+                    let (b0, batches, dq) = *run;
+                    direct(&mut out[span(run)], b0, batches, dq);
                 }
             }
             return Ok(());
@@ -311,6 +336,30 @@ const QUERY_BLOCK: usize = 64;
 
 /// Query rows per batch up to which attention skips the GEMMs (see `direct` above).
 const DIRECT_MAX_ROWS: usize = 8;
+
+/// Runs `(first batch, batches, query stride)` of consecutive one-row batches that read the
+/// same keys and values with their queries evenly spaced — the query heads sharing one
+/// key/value head in grouped-query decode — so that the direct kernel reads each key and
+/// value row once for the whole group (at most `DIRECT_MAX_ROWS` batches a run).
+fn shared_kv_runs(offs: &[[isize; 4]]) -> Vec<(usize, usize, isize)> {
+    let mut runs = Vec::new();
+    let mut b = 0;
+    while b < offs.len() {
+        let [oq, ok, ov, _] = offs[b];
+        let dq = offs.get(b + 1).map_or(0, |next| next[0] - oq);
+        let mut batches = 1;
+        while batches < DIRECT_MAX_ROWS
+            && offs
+                .get(b + batches)
+                .is_some_and(|&[q, k, v, _]| k == ok && v == ov && q == oq + batches as isize * dq)
+        {
+            batches += 1;
+        }
+        runs.push((b, batches, dq));
+        b += batches;
+    }
+    runs
+}
 
 /// The key matrices of an attention call in sgemm's panel layout (as right operands
 /// `e`×`s`, i.e. transposed), one per distinct key matrix.
@@ -553,7 +602,39 @@ mod fast {
             (k, ks): (*const f32, isize),
             (l, s, e): (usize, usize, usize),
         ) {
-            for j in 0..s {
+            // Eight keys at a time: eight sums of lanes, reduced together into one vector
+            // of eight scores (a horizontal sum per key cost more than its products).
+            let whole = e - e % 8;
+            let mut j = 0;
+            while j + 8 <= s {
+                for i in 0..l {
+                    // SAFETY: rows inside the caller's ranges.
+                    unsafe {
+                        let qr = q.offset(i as isize * qs);
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        let mut d = 0;
+                        while d < whole {
+                            let qv = _mm256_loadu_ps(qr.add(d));
+                            for (kk, a) in acc.iter_mut().enumerate() {
+                                let kr = k.offset((j + kk) as isize * ks).add(d);
+                                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr), *a);
+                            }
+                            d += 8;
+                        }
+                        let mut sums = [0.0f32; 8];
+                        _mm256_storeu_ps(sums.as_mut_ptr(), sum8(acc));
+                        for (kk, sum) in sums.iter_mut().enumerate() {
+                            let kr = k.offset((j + kk) as isize * ks);
+                            for d in whole..e {
+                                *sum += *qr.add(d) * *kr.add(d);
+                            }
+                            *scores.add(i * s + j + kk) = *sum;
+                        }
+                    }
+                }
+                j += 8;
+            }
+            for j in j..s {
                 // SAFETY: rows inside the caller's ranges.
                 unsafe {
                     let kr = k.offset(j as isize * ks);
@@ -562,6 +643,23 @@ mod fast {
                     }
                 }
             }
+        }
+
+        /// Lane k of the result: the sum of the lanes of `v[k]`.
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn sum8(v: [__m256; 8]) -> __m256 {
+            // Pairs of rows added lane by lane, then 128-bit halves crossed: three rounds.
+            let a = _mm256_hadd_ps(v[0], v[1]);
+            let b = _mm256_hadd_ps(v[2], v[3]);
+            let c = _mm256_hadd_ps(v[4], v[5]);
+            let d = _mm256_hadd_ps(v[6], v[7]);
+            let ab = _mm256_hadd_ps(a, b);
+            let cd = _mm256_hadd_ps(c, d);
+            // ab = [v0 v1 v2 v3 | v0 v1 v2 v3] partial sums of the low and high halves.
+            let lo = _mm256_permute2f128_ps(ab, cd, 0x20);
+            let hi = _mm256_permute2f128_ps(ab, cd, 0x31);
+            _mm256_add_ps(lo, hi)
         }
 
         /// Per output row, blocks of 32 (then 8) columns accumulate over all `s` value rows
@@ -579,16 +677,32 @@ mod fast {
                     let (pi, out) = (p.add(i * s), o.add(i * ev));
                     let mut d = 0;
                     while d + 32 <= ev {
-                        let mut acc = [_mm256_setzero_ps(); 4];
-                        for j in 0..s {
-                            let w = _mm256_set1_ps(*pi.add(j));
-                            let row = v.offset(j as isize * vs).add(d);
-                            for (b, a) in acc.iter_mut().enumerate() {
-                                *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * b)), *a);
-                            }
+                        // Even and odd value rows into separate sums: eight independent
+                        // chains of FMAs, enough to hide their latency (four were not).
+                        let (mut even, mut odd) =
+                            ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                        // A macro, not a closure: a closure's body may not get AVX2.
+                        macro_rules! step {
+                            ($acc:ident, $j:expr) => {{
+                                let w = _mm256_set1_ps(*pi.add($j));
+                                let row = v.offset($j as isize * vs).add(d);
+                                for (b, a) in $acc.iter_mut().enumerate() {
+                                    *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * b)), *a);
+                                }
+                            }};
                         }
-                        for (b, a) in acc.iter().enumerate() {
-                            _mm256_storeu_ps(out.add(d + 8 * b), *a);
+                        let mut j = 0;
+                        while j + 2 <= s {
+                            step!(even, j);
+                            step!(odd, j + 1);
+                            j += 2;
+                        }
+                        if j < s {
+                            step!(even, j);
+                        }
+                        for b in 0..4 {
+                            let sum = _mm256_add_ps(even[b], odd[b]);
+                            _mm256_storeu_ps(out.add(d + 8 * b), sum);
                         }
                         d += 32;
                     }

@@ -11,7 +11,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
@@ -467,6 +467,11 @@ fn rotary_embedding(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
 /// `x4` (`[B, S, heads, D]`) with each head's first `rot` features rotated — its two
 /// halves, or even and odd features when `interleaved` — by the angles whose cosines and
 /// sines `tables` hold as `[B or 1, S, rot/2]`; the features past `rot` pass through.
+///
+/// Written as one elementwise expression over the features viewed as pairs,
+/// `x·cos + partner·(∓1)·sin`, where each feature's partner is read through a flip of the
+/// pair axis: a backend fuses it into one pass, where halves rotated separately and
+/// concatenated took five steps per tensor (and the same products and sums either way).
 pub(super) fn rotate(
     ctx: &mut Ctx,
     n: &Node,
@@ -478,66 +483,66 @@ pub(super) fn rotate(
     let s4 = ctx.b.shape(x4);
     let head = const_dim(ctx, n, x4, 3, "head size")? as i64;
     let half = rot / 2;
-    // Angles as [B, S, heads, rot/2].
+    let dtype = ctx.b.dtype(x4);
+    let c = Dim::Const;
+    // Features as [B, S, heads, 2, rot/2] (halves) or [B, S, heads, rot/2, 2] (pairs):
+    // a feature's partner sits at the other end of the pair axis.
+    let (pair_axis, pairs) = match interleaved {
+        true => (4, [c(half), c(2)]),
+        false => (3, [c(2), c(half)]),
+    };
+    let rotated_part = match rot < head {
+        true => ctx.b.slice(x4, 3, c(0), c(rot), 1)?,
+        false => x4,
+    };
+    let mut paired = s4[..3].to_vec();
+    paired.extend(pairs.clone());
+    let x5 = ctx.b.reshape(rotated_part, paired)?;
+    let partner = ctx.b.op(
+        Op::Flip {
+            axes: vec![pair_axis],
+        },
+        &[x5],
+    )?;
+    // Angles as [B or 1, S, 1, ·, ·], one per pair, broadcast over the heads.
     let mut angles = [x4; 2];
     for (a, (table, what)) in angles
         .iter_mut()
         .zip(tables.into_iter().zip(["cos", "sin"]))
     {
         let ts = ctx.b.shape(table);
-        if ts.len() != 3 || ts[2] != Dim::Const(half) {
+        if ts.len() != 3 || ts[2] != c(half) {
             return Err(n.err(format!(
                 "the {what} cache gives {} angles per position; rotating {rot} features takes {half}",
-                ts.last().cloned().unwrap_or(Dim::Const(0))
+                ts.last().cloned().unwrap_or(c(0))
             )));
         }
-        let with_head = vec![
-            ts[0].clone(),
-            ts[1].clone(),
-            Dim::Const(1),
-            Dim::Const(half),
-        ];
-        let t = ctx.b.reshape(table, with_head)?;
-        let mut want = s4.clone();
-        want[3] = Dim::Const(half);
-        *a = ctx.b.broadcast_to(t, &want)?;
+        let mut per_pair = vec![ts[0].clone(), ts[1].clone(), c(1)];
+        per_pair.extend(match interleaved {
+            true => [c(half), c(1)],
+            false => [c(1), c(half)],
+        });
+        *a = ctx.b.reshape(table, per_pair)?;
     }
     let [cos, sin] = angles;
-    let c = Dim::Const;
-    let (x1, x2) = match interleaved {
-        true => (
-            ctx.b.slice(x4, 3, c(0), c(rot), 2)?,
-            ctx.b.slice(x4, 3, c(1), c(rot), 2)?,
-        ),
-        false => (
-            ctx.b.slice(x4, 3, c(0), c(half), 1)?,
-            ctx.b.slice(x4, 3, c(half), c(rot), 1)?,
-        ),
-    };
-    let (c1, s2) = (
-        bin(ctx, BinaryOp::Mul, cos, x1)?,
-        bin(ctx, BinaryOp::Mul, sin, x2)?,
-    );
-    let real = bin(ctx, BinaryOp::Sub, c1, s2)?;
-    let (s1, c2) = (
-        bin(ctx, BinaryOp::Mul, sin, x1)?,
-        bin(ctx, BinaryOp::Mul, cos, x2)?,
-    );
-    let imag = bin(ctx, BinaryOp::Add, s1, c2)?;
-    let rotated = match interleaved {
-        true => {
-            let mut pair = s4.clone();
-            pair[3] = Dim::Const(half);
-            pair.push(Dim::Const(1));
-            let re = ctx.b.reshape(real, pair.clone())?;
-            let im = ctx.b.reshape(imag, pair)?;
-            let both = ctx.b.op(Op::Concat { axis: 4 }, &[re, im])?;
-            let mut flat = s4.clone();
-            flat[3] = Dim::Const(rot);
-            ctx.b.reshape(both, flat)?
-        }
-        false => ctx.b.op(Op::Concat { axis: 3 }, &[real, imag])?,
-    };
+    // The first of a pair takes −partner·sin, the second +partner·sin.
+    let sign = ctx.b.source(
+        Op::Iota {
+            start: Scalar::Float(-1.0),
+            step: Scalar::Float(2.0),
+        },
+        TensorType::new(dtype, vec![c(2)]),
+    )?;
+    let mut sign_shape = vec![c(1); 5];
+    sign_shape[pair_axis] = c(2);
+    let sign = ctx.b.reshape(sign, sign_shape)?;
+    let straight = bin(ctx, BinaryOp::Mul, x5, cos)?;
+    let signed = bin(ctx, BinaryOp::Mul, partner, sign)?;
+    let crossed = bin(ctx, BinaryOp::Mul, signed, sin)?;
+    let y5 = bin(ctx, BinaryOp::Add, straight, crossed)?;
+    let mut flat = s4.clone();
+    flat[3] = c(rot);
+    let rotated = ctx.b.reshape(y5, flat)?;
     match rot < head {
         true => {
             let rest = ctx.b.slice(x4, 3, c(rot), c(head), 1)?;
