@@ -80,15 +80,24 @@ def export() -> bytes:
     return buffer.getvalue()
 
 
-def median_ms(run: Callable[[], object], calls: int) -> float:
-    for _ in range(5):
-        run()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+def paired_medians_ms(
+    runs: list[Callable[[], object]], calls: int, rounds: int = 10
+) -> list[float]:
+    """Median ms per call of each of `runs`, timed in alternating rounds of `calls / rounds`
+    calls each, so that a slow spell of a noisy machine falls on all of them alike (timed
+    one after the other, the same two runs measured ratios 1.2× apart between sessions)."""
+    for run in runs:
+        for _ in range(5):
+            run()
+    times: list[list[float]] = [[] for _ in runs]
+    per_round = max(1, calls // rounds)
+    for _ in range(rounds):
+        for run, own in zip(runs, times, strict=True):
+            for _ in range(per_round):
+                start = time.perf_counter()
+                run()
+                own.append(time.perf_counter() - start)
+    return [float(np.median(t)) * 1e3 for t in times]
 
 
 def main() -> None:
@@ -108,8 +117,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for new, past in cases:
         feeds = inputs(new, past)
-        ours = median_ms(lambda f=feeds: compiled(**f), a.calls)
-        theirs = median_ms(lambda f=feeds: session.run(None, f), a.calls)
+        ours, theirs = paired_medians_ms(
+            [lambda f=feeds: compiled(**f), lambda f=feeds: session.run(None, f)], a.calls
+        )
         diff = float(np.abs(compiled(**feeds)[0] - session.run(None, feeds)[0]).max())
         label = f"decode, past {past}" if new == 1 else f"prefill {new} tokens"
         print(f"| {label} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}× | {diff:.1e} |")

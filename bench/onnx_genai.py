@@ -28,7 +28,7 @@ import onnx
 import onnxruntime as ort
 import transformers
 
-from bench.onnx_decoder import HEAD_DIM, KV_HEADS, VOCAB, median_ms, random_llama
+from bench.onnx_decoder import HEAD_DIM, KV_HEADS, VOCAB, paired_medians_ms, random_llama
 
 
 def save_random_llama(folder: Path) -> None:
@@ -100,8 +100,10 @@ def main() -> None:
             cases = [(1, int(p)) for p in a.past.split(",")] + [(a.prefill, 0)]
             for new, past in cases:
                 feeds = inputs(new, past, names)
-                ours = median_ms(lambda f=feeds, c=compiled: c(**f), a.calls)
-                theirs = median_ms(lambda f=feeds, s=session: s.run(None, f), a.calls)
+                ours, theirs = paired_medians_ms(
+                    [lambda f=feeds, c=compiled: c(**f), lambda f=feeds, s=session: s.run(None, f)],
+                    a.calls,
+                )
                 diff = float(np.abs(compiled(**feeds)[0] - session.run(None, feeds)[0]).max())
                 label = f"decode, past {past}" if new == 1 else f"prefill {new} tokens"
                 print(
