@@ -221,3 +221,32 @@ def test_bert_eager_attention_with_dynamic_axes_runs_fused(tmp_path) -> None:
     too_long = {"ids": np.zeros((1, 20), np.int64), "mask": np.ones((1, 20), np.int64)}
     with pytest.raises((ember.ShapeError, ember.InputError)):
         compiled(**too_long)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("swapped", [True, False])
+def test_rotate_half_becomes_a_flip_of_halves(swapped: bool, backend: str) -> None:
+    """Rotary embeddings as exporters write them, `x·cos + concat(−x₂, x₁)·sin`: the
+    concat of the negated upper half and the lower half runs as one elementwise op over a
+    flip of the halves (no concat left); the halves concatenated the other way round, which
+    is no rotation, stay a concat. Both match ONNX Runtime."""
+    x, cos, sin = randn(2, 3, 4, 16, seed=4), randn(4, 16, seed=5), randn(4, 16, seed=6)
+    first, second = ("hi", "lo") if swapped else ("lo", "hi")
+    nodes = [
+        helper.make_node("Slice", ["x", "zero", "half", "last"], ["lo"]),
+        helper.make_node("Slice", ["x", "half", "whole", "last"], ["hi"]),
+        helper.make_node("Neg", [first], ["neg"]),
+        helper.make_node("Concat", ["neg", second], ["rot"], axis=-1),
+        helper.make_node("Mul", ["x", "cos"], ["xc"]),
+        helper.make_node("Mul", ["rot", "sin"], ["rs"]),
+        helper.make_node("Add", ["xc", "rs"], ["y"]),
+    ]
+    consts = {
+        name: np.array([v], dtype=np.int64)
+        for name, v in [("zero", 0), ("half", 8), ("whole", 16), ("last", -1)]
+    }
+    feeds = {"x": x, "cos": cos, "sin": sin}
+    model = make_model(nodes, feeds, ["y"], initializers=consts)
+    compiled = compile_on(model, backend)
+    check(model, feeds, compiled=compiled)
+    assert ("concat" in compiled.ir()) != swapped, compiled.ir()

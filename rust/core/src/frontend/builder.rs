@@ -109,6 +109,76 @@ impl Builder {
         )
     }
 
+    /// `Concat` on `axis`, except that `[−x[h..2h], x[0..h]]` (rotary embeddings'
+    /// `rotate_half`) becomes x's two halves swapped through a flip of a pair axis, times
+    /// −1 on the first: one elementwise op over views (the same values, negation being
+    /// exact), which a backend fuses with the rotation around it, where a concat is a copy
+    /// of its own.
+    pub fn concat(&mut self, vals: &[ValueId], axis: usize) -> Result<ValueId> {
+        match self.rotated_half(vals, axis) {
+            Some((x, half)) => self.swap_halves_negating_first(x, axis, half),
+            None => self.op(Op::Concat { axis }, vals),
+        }
+    }
+
+    /// `(x, h)` when `vals` are `[neg(x[h..2h]), x[0..h]]` along `axis`, x being 2h long.
+    fn rotated_half(&self, vals: &[ValueId], axis: usize) -> Option<(ValueId, i64)> {
+        let [first, second] = vals else {
+            return None;
+        };
+        let neg = &self.g.nodes[*first];
+        if !matches!(neg.op, Op::Unary(UnaryOp::Neg)) {
+            return None;
+        }
+        let (upper, lower) = (&self.g.nodes[neg.inputs[0]], &self.g.nodes[*second]);
+        let bounds = |op: &Op| match op {
+            Op::Slice {
+                axis: a,
+                start,
+                end,
+                step: 1,
+            } if *a == axis => Some((start.as_const()?, end.as_const()?)),
+            _ => None,
+        };
+        let (x, half) = (lower.inputs[0], bounds(&lower.op)?.1);
+        let whole = self.g.ty(x).shape.get(axis)?.as_const()?;
+        let fits = upper.inputs[0] == x
+            && bounds(&lower.op)? == (0, half)
+            && bounds(&upper.op)? == (half, 2 * half)
+            && whole == 2 * half
+            && half > 0;
+        fits.then_some((x, half))
+    }
+
+    /// x (2·`half` long on `axis`) with its halves swapped, the first negated.
+    fn swap_halves_negating_first(
+        &mut self,
+        x: ValueId,
+        axis: usize,
+        half: i64,
+    ) -> Result<ValueId> {
+        let shape = self.shape(x);
+        let mut paired = shape[..axis].to_vec();
+        paired.extend([Dim::Const(2), Dim::Const(half)]);
+        paired.extend_from_slice(&shape[axis + 1..]);
+        let pairs = self.reshape(x, paired.clone())?;
+        let swapped = self.op(Op::Flip { axes: vec![axis] }, &[pairs])?;
+        let dtype = self.dtype(x);
+        let sign = self.source(
+            Op::Iota {
+                start: Scalar::Float(-1.0),
+                step: Scalar::Float(2.0),
+            },
+            TensorType::new(dtype, vec![Dim::Const(2)]),
+        )?;
+        let mut sign_shape = vec![Dim::Const(1); paired.len()];
+        sign_shape[axis] = Dim::Const(2);
+        let sign = self.reshape(sign, sign_shape)?;
+        let sign = self.broadcast_to(sign, &paired)?;
+        let signed = self.op(Op::Binary(BinaryOp::Mul), &[swapped, sign])?;
+        self.reshape(signed, shape)
+    }
+
     /// numpy/torch `matmul` for any ranks ≥ 1, built from `Dot` with explicit broadcasting:
     /// 1-D operands gain (then lose) a unit dim; batch dims broadcast.
     pub fn matmul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {

@@ -186,7 +186,7 @@ fn concat(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
     if ids.len() == 1 {
         return one(ids[0]);
     }
-    one(ctx.b.op(Op::Concat { axis: a }, &ids)?)
+    one(ctx.b.concat(&ids, a)?)
 }
 
 fn expand(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {

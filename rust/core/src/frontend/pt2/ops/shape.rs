@@ -372,7 +372,7 @@ fn cat_values(ctx: &mut Ctx, vals: Vec<ValueId>, dim: i64) -> Result<ValueId> {
     if vals.len() == 1 {
         return Ok(vals[0]);
     }
-    ctx.b.op(Op::Concat { axis: a }, &vals)
+    ctx.b.concat(&vals, a)
 }
 
 fn cat(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
