@@ -229,7 +229,7 @@ def test_rotate_half_becomes_a_flip_of_halves(swapped: bool, backend: str) -> No
     """Rotary embeddings as exporters write them, `x·cos + concat(−x₂, x₁)·sin`: the
     concat of the negated upper half and the lower half runs as one elementwise op over a
     flip of the halves (no concat left); the halves concatenated the other way round, which
-    is no rotation, stay a concat. Both match ONNX Runtime."""
+    is no rotation, stay a concat. Both match ONNX Runtime, optimized or as translated."""
     x, cos, sin = randn(2, 3, 4, 16, seed=4), randn(4, 16, seed=5), randn(4, 16, seed=6)
     first, second = ("hi", "lo") if swapped else ("lo", "hi")
     nodes = [
@@ -250,3 +250,7 @@ def test_rotate_half_becomes_a_flip_of_halves(swapped: bool, backend: str) -> No
     compiled = compile_on(model, backend)
     check(model, feeds, compiled=compiled)
     assert ("concat" in compiled.ir()) != swapped, compiled.ir()
+    # As translated (no optimizer): the replaced negation is not left behind to run.
+    translated = compile_on(model, backend, search_iterations=0)
+    check(model, feeds, compiled=translated)
+    assert ("neg" in translated.ir()) != swapped, translated.ir()

@@ -46,11 +46,11 @@ use crate::interp::Value;
 use crate::ir::{BinaryOp, Graph, Op, ReduceOp, UnaryOp, ValueId};
 
 /// `graph` with every decomposed attention chain replaced by `Op::Attention` and every RMS
-/// norm by `Op::RmsNorm`, and the nodes no output needs any more removed (inputs are
-/// kept). Unchanged when there is none. `fixed` holds the weights whose values can never
-/// change after loading (an ONNX file's initializers), which lets a causal mask stored as a
-/// weight be recognized; weights a caller can rebind later (PT2 parameters and buffers,
-/// updated in place) must not be passed, or a changed mask would be ignored.
+/// norm by `Op::RmsNorm`, and the nodes no output needs removed (inputs are kept).
+/// Unchanged when there is nothing to replace or remove. `fixed` holds the weights whose
+/// values can never change after loading (an ONNX file's initializers), which lets a causal
+/// mask stored as a weight be recognized; weights a caller can rebind later (PT2 parameters
+/// and buffers, updated in place) must not be passed, or a changed mask would be ignored.
 pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
     let uses = graph.use_counts();
     let found: BTreeMap<ValueId, Composite> = (0..graph.nodes.len())
@@ -75,14 +75,16 @@ pub fn recover(graph: &Graph, fixed: &Weights) -> Result<Graph> {
             Some((id, found))
         })
         .collect();
-    if found.is_empty() {
+    // Frontends also leave nodes no output reads where a pattern replaced what they had
+    // built (`Builder::concat`); a backend would still run them.
+    let live = needed(graph, &found);
+    if found.is_empty() && live.iter().all(|&l| l) {
         return Ok(graph.clone());
     }
     let mut out = Graph {
         symbols: graph.symbols.clone(),
         ..Graph::default()
     };
-    let live = needed(graph, &found);
     let mut map: Vec<Option<ValueId>> = vec![None; graph.nodes.len()];
     for (id, node) in graph.nodes.iter().enumerate() {
         if !live[id] {
