@@ -142,7 +142,9 @@ impl Builder {
         };
         let (x, half) = (lower.inputs[0], bounds(&lower.op)?.1);
         let whole = self.g.ty(x).shape.get(axis)?.as_const()?;
+        // Floats only: the sign is a float constant (and −x of an unsigned value wraps).
         let fits = upper.inputs[0] == x
+            && self.dtype(x).is_float()
             && bounds(&lower.op)? == (0, half)
             && bounds(&upper.op)? == (half, 2 * half)
             && whole == 2 * half
