@@ -163,22 +163,29 @@ impl Builder {
         let mut paired = shape[..axis].to_vec();
         paired.extend([Dim::Const(2), Dim::Const(half)]);
         paired.extend_from_slice(&shape[axis + 1..]);
-        let pairs = self.reshape(x, paired.clone())?;
+        let pairs = self.reshape(x, paired)?;
+        let swapped = self.swap_pairs_negating_first(pairs, axis)?;
+        self.reshape(swapped, shape)
+    }
+
+    /// `pairs` (2 long on `axis`, a float tensor) with the two members of each pair
+    /// swapped and the first negated, `(a, b) → (−b, a)`: a flip of `axis` (a view) times
+    /// (−1, 1), the rotation by a quarter turn that rotary embeddings apply.
+    pub fn swap_pairs_negating_first(&mut self, pairs: ValueId, axis: usize) -> Result<ValueId> {
+        let shape = self.shape(pairs);
         let swapped = self.op(Op::Flip { axes: vec![axis] }, &[pairs])?;
-        let dtype = self.dtype(x);
         let sign = self.source(
             Op::Iota {
                 start: Scalar::Float(-1.0),
                 step: Scalar::Float(2.0),
             },
-            TensorType::new(dtype, vec![Dim::Const(2)]),
+            TensorType::new(self.dtype(pairs), vec![Dim::Const(2)]),
         )?;
-        let mut sign_shape = vec![Dim::Const(1); paired.len()];
+        let mut sign_shape = vec![Dim::Const(1); shape.len()];
         sign_shape[axis] = Dim::Const(2);
         let sign = self.reshape(sign, sign_shape)?;
-        let sign = self.broadcast_to(sign, &paired)?;
-        let signed = self.op(Op::Binary(BinaryOp::Mul), &[swapped, sign])?;
-        self.reshape(signed, shape)
+        let sign = self.broadcast_to(sign, &shape)?;
+        self.op(Op::Binary(BinaryOp::Mul), &[swapped, sign])
     }
 
     /// numpy/torch `matmul` for any ranks ≥ 1, built from `Dot` with explicit broadcasting:

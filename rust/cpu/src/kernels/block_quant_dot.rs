@@ -169,8 +169,8 @@ fn reorder_x(out: &mut [f32], xs: &[f32], d: Dims) {
     for i in 0..d.m {
         let (row, dest) = (&xs[i * d.k..][..d.k], &mut out[i * padded..][..padded]);
         // Value j of a block sits in byte j / per at bit position j % per: bit position t's
-        // values are every per-th from t. (Loops, not a division per value: divisions by
-        // run-time sizes cost a decode step's 4-bit products a quarter of their time.)
+        // values are every per-th from t (loops rather than two divisions by run-time
+        // sizes per value).
         for (src, dst) in row.chunks(d.block).zip(dest.chunks_exact_mut(d.block)) {
             for (t, part) in dst.chunks_exact_mut(stream).enumerate() {
                 for (v, &x) in part.iter_mut().zip(src.iter().skip(t).step_by(per)) {

@@ -11,7 +11,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
@@ -483,7 +483,6 @@ pub(super) fn rotate(
     let s4 = ctx.b.shape(x4);
     let head = const_dim(ctx, n, x4, 3, "head size")? as i64;
     let half = rot / 2;
-    let dtype = ctx.b.dtype(x4);
     let c = Dim::Const;
     // Features as [B, S, heads, 2, rot/2] (halves) or [B, S, heads, rot/2, 2] (pairs):
     // a feature's partner sits at the other end of the pair axis.
@@ -498,12 +497,8 @@ pub(super) fn rotate(
     let mut paired = s4[..3].to_vec();
     paired.extend(pairs.clone());
     let x5 = ctx.b.reshape(rotated_part, paired)?;
-    let partner = ctx.b.op(
-        Op::Flip {
-            axes: vec![pair_axis],
-        },
-        &[x5],
-    )?;
+    // The first of a pair takes −partner·sin, the second +partner·sin.
+    let signed = ctx.b.swap_pairs_negating_first(x5, pair_axis)?;
     // Angles as [B or 1, S, 1, ·, ·], one per pair, broadcast over the heads.
     let mut angles = [x4; 2];
     for (a, (table, what)) in angles
@@ -525,19 +520,7 @@ pub(super) fn rotate(
         *a = ctx.b.reshape(table, per_pair)?;
     }
     let [cos, sin] = angles;
-    // The first of a pair takes −partner·sin, the second +partner·sin.
-    let sign = ctx.b.source(
-        Op::Iota {
-            start: Scalar::Float(-1.0),
-            step: Scalar::Float(2.0),
-        },
-        TensorType::new(dtype, vec![c(2)]),
-    )?;
-    let mut sign_shape = vec![c(1); 5];
-    sign_shape[pair_axis] = c(2);
-    let sign = ctx.b.reshape(sign, sign_shape)?;
     let straight = bin(ctx, BinaryOp::Mul, x5, cos)?;
-    let signed = bin(ctx, BinaryOp::Mul, partner, sign)?;
     let crossed = bin(ctx, BinaryOp::Mul, signed, sin)?;
     let y5 = bin(ctx, BinaryOp::Add, straight, crossed)?;
     let mut flat = s4.clone();
