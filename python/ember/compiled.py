@@ -414,9 +414,10 @@ class CompiledModel:
             t = t.contiguous()
             views.append((t, (t.data_ptr(), dtype_name(t.dtype), list(t.shape))))
         shapes = self._exe.output_shapes([v[1][2] for v in views])
+        given = _in_place_buffers(inputs, self._in_place, shapes) if self._in_place else {}
         outs = [
-            torch.empty(s, dtype=d, device=gpu)
-            for s, d in zip(shapes, self._output_dtypes, strict=True)
+            given[k] if k in given else torch.empty(s, dtype=d, device=gpu)
+            for k, (s, d) in enumerate(zip(shapes, self._output_dtypes, strict=True))
         ]
         stream = torch.cuda.current_stream(gpu).cuda_stream
         self._exe.run_device(

@@ -122,29 +122,69 @@ def test_in_place_updates_of_inputs_and_buffers_are_written_back():
         assert int(model.steps) == int(reference.steps) == 4, compile_with
 
 
-def test_a_cache_update_is_written_into_the_callers_tensor_and_not_on_failure():
+def _count_and_report(x: torch.Tensor, steps: torch.Tensor):
+    steps.add_(x.shape[0])
+    return x * 2, steps.clone()
+
+
+def test_an_updated_input_also_returned_is_right_in_both_places(backend):
+    """The updated value is a program output twice (the update, and the returned clone):
+    the second is copied from the first. On CUDA that copy read its own, unwritten output
+    (a transformers StaticCache's `cumulative_length` came back as -1)."""
+    if backend == "reference":
+        pytest.skip("the reference interpreter returns new tensors only")
+    device = "cuda" if backend == "cuda" else "cpu"
+    options = {"device": "cuda"} if backend == "cuda" else {"backend": backend}
+    compiled = torch.compile(
+        _count_and_report, backend="ember", options={"fallback": "error", **options}
+    )
+    ours, theirs = torch.tensor(3, device=device), torch.tensor(3, device=device)
+    with torch.no_grad():
+        for rows in (5, 5):
+            x = rand(rows, 4).to(device)
+            got, want = compiled(x, ours), _count_and_report(x, theirs)
+            torch.testing.assert_close(got, want)
+            assert int(ours) == int(theirs)
+    assert int(ours) == 13
+
+
+def test_a_cache_update_is_written_into_the_callers_tensor_and_not_on_failure(backend):
     """An update of an input nothing else reads (a static KV cache's `index_copy_`) is
     written straight into the caller's tensor, with no second copy (`_in_place`), and
-    counted as a change (`_version`); a call that fails on a bad index leaves it as it was."""
-    model, reference = _StaticCacheStep(), _StaticCacheStep()
-    ours, theirs = torch.zeros(2, 6, 3), torch.zeros(2, 6, 3)
-    compiled = ember.compile(model, rand(2, 1, 3), torch.tensor([0]), ours.clone())
+    counted as a change (`_version`); a call that fails on a bad index leaves it as it was.
+    On CUDA (and its emulator) the program writes only the new rows, after checking every
+    index of the call."""
+    if backend == "reference":
+        pytest.skip("the reference interpreter returns new tensors only")
+    device = "cuda" if backend == "cuda" else "cpu"
+    options = {"device": "cuda"} if backend == "cuda" else {"backend": backend}
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, device=device)
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    model, reference = _StaticCacheStep().to(device), _StaticCacheStep().to(device)
+    ours, theirs = zeros(2, 6, 3), zeros(2, 6, 3)
+    example = (on(rand(2, 1, 3)), on(torch.tensor([0])), ours.clone())
+    compiled = ember.compile(model, *example, **options)
     assert compiled._in_place == {1: 2}, compiled._in_place
     with torch.no_grad():
-        for step in range(3):
-            keys, pos = rand(2, 1, 3), torch.tensor([step])
+        for step in (0, 5, 2):
+            keys, pos = on(rand(2, 1, 3)), on(torch.tensor([step]))
             version = ours._version
             torch.testing.assert_close(compiled(keys, pos, ours), reference(keys, pos, theirs))
             torch.testing.assert_close(ours, theirs)
             assert ours._version > version
         before = ours.clone()
         with pytest.raises(ember.EmberRuntimeError, match="out of range"):
-            compiled(rand(2, 1, 3), torch.tensor([6]), ours)
+            compiled(on(rand(2, 1, 3)), on(torch.tensor([6])), ours)
         torch.testing.assert_close(ours, before, rtol=0, atol=0)
         # A cache that is not contiguous (a view into a larger tensor) cannot be an output
         # buffer: it is updated by a copy, as before.
-        wide, theirs_wide = torch.zeros(2, 12, 3), torch.zeros(2, 12, 3)
-        keys, pos = rand(2, 1, 3), torch.tensor([4])
+        wide, theirs_wide = zeros(2, 12, 3), zeros(2, 12, 3)
+        keys, pos = on(rand(2, 1, 3)), on(torch.tensor([4]))
         got = compiled(keys, pos, wide[:, :6])
         torch.testing.assert_close(got, reference(keys, pos, theirs_wide[:, :6]))
         torch.testing.assert_close(wide, theirs_wide)

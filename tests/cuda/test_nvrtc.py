@@ -70,6 +70,13 @@ def _attention_args(dtype: torch.dtype) -> list[torch.Tensor]:
     ]
 
 
+def _static_cache_model(keys, pos, cache, ids, table):
+    """A static cache's update in place (a scatter into an input, its indices checked
+    before the write) and a later lookup whose indices that check covers too."""
+    cache.index_copy_(1, pos, keys)
+    return (cache * 2).sum(1) + table[ids]
+
+
 def _models() -> list[tuple[str, torch.nn.Module, list[torch.Tensor]]]:
     torch.manual_seed(0)
     step = LlamaDecodeStep(Llama(SMALL)).eval()
@@ -117,6 +124,13 @@ def _sources() -> dict[str, dict]:
         (f"attention_{dt}", _Fn(_attention_model), _attention_args(dt))
         for dt in (torch.float16, torch.bfloat16)
     ]
+    cases.append(
+        (
+            "static_cache",
+            _Fn(_static_cache_model),
+            [rand(2, 1, 3), torch.tensor([1]), rand(2, 6, 3), torch.tensor([0, 2]), rand(4, 3)],
+        )
+    )
     # An int8 product (`integer_dot`) and its float epilogue.
     cases.append(
         (
@@ -247,6 +261,8 @@ def test_every_generated_kernel_compiles_with_nvrtc():
     # The int4 product is one launch reading the packed bytes (no float weight made first).
     int4 = sources["int4_product"]
     assert int4["steps"] == 1 and "const unsigned char* __restrict__" in int4["source"]
+    # The cache's update is gated on the check of every index that runs before it.
+    assert "if (meta[0] != 0) return;" in sources["static_cache"]["source"]
     for choice in PRODUCT_CHOICES:
         base, chosen = sources["decode"], sources[f"decode+{choice}"]
         assert chosen["source"] != base["source"], f"{choice} changed nothing"

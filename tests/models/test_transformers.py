@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from ember.backend import programs_compiled
+from conftest import BACKENDS
+from ember.backend import live_programs, programs_compiled
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,7 +139,9 @@ def test_forward_matches_eager(name):
 GENERATE = [n if n == "llama" else pytest.param(n, marks=pytest.mark.slow) for n in DECODERS]
 
 
-def check_greedy_generate(model: torch.nn.Module, prompt: torch.Tensor, **extra) -> None:
+def check_greedy_generate(
+    model: torch.nn.Module, prompt: torch.Tensor, options: dict | None = None, **extra
+) -> None:
     """Greedy ``generate()`` of 32 tokens with ``torch.compile(model.forward, backend="ember")``
     is token-identical to eager and compiles at most four programs (prefill, the first decode
     step, one symbolic program for every later step; static caches: prefill and decode)."""
@@ -148,7 +151,9 @@ def check_greedy_generate(model: torch.nn.Module, prompt: torch.Tensor, **extra)
         want = model.generate(prompt, **settings)
     before = programs_compiled()
     model.forward = torch.compile(
-        model.forward, backend="ember", options={"fallback": "error", "search_iterations": 0}
+        model.forward,
+        backend="ember",
+        options={"fallback": "error", "search_iterations": 0, **(options or {})},
     )
     with torch.no_grad():
         got = model.generate(prompt, **settings)
@@ -163,16 +168,27 @@ def test_greedy_generate_matches_eager_with_few_programs(name):
     check_greedy_generate(DECODERS[name]().eval(), torch.randint(0, VOCAB, (1, 5)))
 
 
-def test_greedy_generate_with_static_cache():
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+def test_greedy_generate_with_static_cache(backend):
     """A StaticCache writes each step's keys into preallocated tensors in place (index_copy_
-    on graph inputs); Ember writes them back into the caller's cache."""
+    on graph inputs); Ember writes them straight into the caller's cache (every layer's keys
+    and values, in the decode program), with no copy back."""
+    model, prompt = DECODERS["llama"]().eval(), torch.randint(0, VOCAB, (1, 5))
+    options = {"backend": backend}
+    if backend == "cuda":
+        model, prompt, options = model.to("cuda"), prompt.to("cuda"), {"device": "cuda"}
+    earlier = {id(p) for p in live_programs()}
     check_greedy_generate(
-        DECODERS["llama"]().eval(),
-        torch.randint(0, VOCAB, (1, 5)),
+        model,
+        prompt,
+        options,
         max_new_tokens=16,
         min_new_tokens=16,
         cache_implementation="static",
     )
+    layers = model.config.num_hidden_layers
+    in_place = [len(p._in_place) for p in live_programs() if id(p) not in earlier]
+    assert 2 * layers in in_place, in_place
 
 
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])

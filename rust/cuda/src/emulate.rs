@@ -268,6 +268,8 @@ pub struct EmulatedDevice {
     gpu_launches: bool,
     /// `EMBER_EMU_TRACE=1`: every launch is printed (kernel, sizes, arguments).
     trace: bool,
+    /// Launches so far, by kernel (what tests check a run skipped or added).
+    launches: Mutex<Vec<u64>>,
 }
 
 impl EmulatedDevice {
@@ -289,7 +291,13 @@ impl EmulatedDevice {
             checker: Mutex::new(None),
             gpu_launches: std::env::var("EMBER_EMULATE_GPU_LAUNCHES").is_ok_and(|v| v == "1"),
             trace: std::env::var("EMBER_EMU_TRACE").is_ok_and(|v| v == "1"),
+            launches: Mutex::new(vec![0; kp.kernels.len()]),
         })
+    }
+
+    /// How many times each kernel (by index) was launched so far.
+    pub fn launch_counts(&self) -> Vec<u64> {
+        lock(&self.launches).clone()
     }
 
     /// Launches as the GPU does from now on (as `EMBER_EMULATE_GPU_LAUNCHES=1` would).
@@ -412,6 +420,7 @@ impl Device for EmulatedDevice {
             .launchers
             .get(kernel)
             .ok_or_else(|| Error::Runtime(format!("no kernel {kernel} in the module")))?;
+        lock(&self.launches)[kernel] += 1;
         let name = || format!("kernel {}", self.kernel_names[kernel]);
         self.checked(&name, || {
             let _alone = lock(&self.module.launching);

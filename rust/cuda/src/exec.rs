@@ -342,15 +342,17 @@ impl<D: Device> Program<D> {
             device.upload(buf.addr(), bytes)?;
             uploaded.insert(id, buf);
         }
-        let output_of = kp
-            .steps
-            .iter()
-            .flat_map(|s| std::iter::once((s.node, s.dest)).chain(s.also.iter().copied()))
-            .filter_map(|(node, dest)| match dest {
-                Dest::Output(k) => Some((node, k)),
-                Dest::Node(_) => None,
-            })
-            .collect();
+        // The output a node's value is written to by the step computing it: the first one.
+        // (A node returned twice is copied into its second output by a later step, which
+        // reads it from the first.)
+        let mut output_of = HashMap::new();
+        for step in &kp.steps {
+            for (node, dest) in std::iter::once((step.node, step.dest)).chain(step.also.clone()) {
+                if let Dest::Output(k) = dest {
+                    output_of.entry(node).or_insert(k);
+                }
+            }
+        }
         let checks_indices = kp.source.contains("ember_index(");
         let g = &kp.graph;
         let indexed_axes = g
@@ -451,6 +453,18 @@ impl<D: Device> Program<D> {
                     Mem::Inline => Err(Error::Runtime(format!("node {node} is not in memory"))),
                 }
             };
+        // Outputs given their input's own memory (a cache updated in place): the copy of
+        // the input into the output is skipped, and the index check before the updates runs.
+        let same = |p: &crate::codegen::InPlace| {
+            outputs.get(p.output).is_some() && outputs.get(p.output) == inputs.get(p.input)
+        };
+        let skipped = |s: usize| {
+            let aliased = || kp.in_place.iter().filter(|p| same(p));
+            if kp.precheck_step == Some(s) {
+                return aliased().next().is_none();
+            }
+            aliased().any(|p| p.copy_step == s)
+        };
         let mut work = Vec::with_capacity(kp.steps.len());
         let mut item_steps = Vec::with_capacity(kp.steps.len());
         let address = |dest: Dest| match dest {
@@ -458,6 +472,9 @@ impl<D: Device> Program<D> {
             Dest::Output(k) => outputs[k],
         };
         for (s, step) in kp.steps.iter().enumerate() {
+            if skipped(s) {
+                continue;
+            }
             let dest = address(step.dest);
             match &step.kind {
                 StepKind::Kernel { kernel, args, .. } => {
@@ -855,6 +872,17 @@ impl<D: Device> Executable for Program<D> {
         Ok(Some(Box::new(ProgramTimer::new(self, inputs)?)))
     }
 
+    /// Scatters into an input nothing else reads (`KernelProgram::in_place`): given that
+    /// input's memory as their output, they write only the updates, after every index of
+    /// the run was checked (`precheck_step`), so a failing run leaves the input unchanged.
+    fn in_place_outputs(&self) -> Vec<(usize, usize)> {
+        self.kp
+            .in_place
+            .iter()
+            .map(|p| (p.output, p.input))
+            .collect()
+    }
+
     fn run_stats(&self) -> Vec<(&'static str, u64)> {
         let s = self.stats();
         vec![
@@ -881,24 +909,45 @@ impl<D: Device> Executable for Program<D> {
             in_addrs.push(buf.addr());
             keep.push(buf);
         }
+        // An output the caller gave an input's memory for (`in_place_outputs`) is that
+        // input's device copy too, so the device runs the in-place path.
+        let in_place: HashMap<usize, usize> = self
+            .kp
+            .in_place
+            .iter()
+            .filter(|p| {
+                let v = &inputs[p.input];
+                std::ptr::eq(v.ptr, outputs[p.output].ptr)
+                    && v.strides == ember_core::tensor::contiguous_strides(&v.shape)
+            })
+            .map(|p| (p.output, p.input))
+            .collect();
         let mut out_bufs = Vec::new();
-        for (o, shape) in outputs.iter().zip(&out_shapes) {
+        let mut out_addrs = Vec::new();
+        for (k, (o, shape)) in outputs.iter().zip(&out_shapes).enumerate() {
             if &o.shape != shape {
                 return Err(Error::Input(format!(
                     "output buffer of shape {:?}, the program writes {shape:?}",
                     o.shape
                 )));
             }
-            out_bufs.push(self.device.alloc(bytes_of(shape, o.dtype).max(1))?);
+            match in_place.get(&k) {
+                Some(&j) => out_addrs.push(in_addrs[j]),
+                None => {
+                    let buf = self.device.alloc(bytes_of(shape, o.dtype).max(1))?;
+                    out_addrs.push(buf.addr());
+                    out_bufs.push(buf);
+                }
+            }
         }
-        let out_addrs: Vec<u64> = out_bufs.iter().map(|b| b.addr()).collect();
         self.run_on_device(&shapes, &in_addrs, &out_addrs, 0)?;
-        for (o, buf) in outputs.iter().zip(&out_bufs) {
+        for (o, &addr) in outputs.iter().zip(&out_addrs) {
             let n = bytes_of(&o.shape, o.dtype);
             // SAFETY: the caller's output is valid for writes of its full size.
             let dst = unsafe { std::slice::from_raw_parts_mut(o.ptr, n) };
-            self.device.download(buf.addr(), dst)?;
+            self.device.download(addr, dst)?;
         }
+        drop(out_bufs);
         Ok(())
     }
 }

@@ -178,7 +178,13 @@ impl Watch {
         let bytes = |n: usize| layout::node_bytes(kp, n, m.env);
         let mut outside = Vec::new();
         for (k, (&a, &n)) in m.inputs.iter().zip(&kp.graph.inputs).enumerate() {
-            outside.push(whole_run(a, bytes(n), format!("input {k}"), vec![]));
+            // An input given as an output's memory (updated in place) is written by the
+            // steps writing that output.
+            let writers = (m.outputs.iter().enumerate())
+                .filter(|&(_, &o)| o == a)
+                .flat_map(|(o, _)| output_writers.get(&o).cloned().unwrap_or_default())
+                .collect();
+            outside.push(whole_run(a, bytes(n), format!("input {k}"), writers));
         }
         for (k, (&a, &n)) in m.outputs.iter().zip(&kp.graph.outputs).enumerate() {
             let w = output_writers.get(&k).cloned().unwrap_or_default();

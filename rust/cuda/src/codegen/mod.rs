@@ -160,6 +160,24 @@ pub struct KernelProgram {
     /// The translation unit holding every kernel (without the prelude).
     pub source: String,
     pub steps: Vec<Step>,
+    /// Outputs that may be written straight into an input's memory (a static KV cache's
+    /// `index_copy_`); see `InPlace`.
+    pub in_place: Vec<InPlace>,
+    /// The step checking every index of the program (`Generator::index_precheck`) before
+    /// the first in-place update; only needed on runs that update in place.
+    pub precheck_step: Option<usize>,
+}
+
+/// A scatter into input `input`, which nothing else reads, that is program output
+/// `output`. When a run is given the input's own memory as that output, its copy step
+/// (`copy_step`: the input copied into the output) is skipped and only the updates are
+/// written; they are gated on the index check (`precheck_step`), so a run that fails on
+/// an index leaves the caller's tensor as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InPlace {
+    pub output: usize,
+    pub input: usize,
+    pub copy_step: usize,
 }
 
 impl KernelProgram {
@@ -570,6 +588,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         .map(|m| matches!(m, Mem::Input(_) | Mem::Weight | Mem::Buffer))
         .collect();
 
+    let in_place_candidates = in_place_candidates(g, &consumers);
+
     let mut gen = kernels::Generator::new(g, &in_memory, &symbols);
     let mut steps = Vec::new();
     let mut written_outputs: Vec<bool> = vec![false; g.outputs.len()];
@@ -588,7 +608,9 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         }
         let dest = dest_of(id, &mut written_outputs);
         let several = match n.op {
-            Op::Scatter { .. } => Some(gen.scatter_steps(id)?),
+            Op::Scatter { .. } => {
+                Some(gen.scatter_steps(id, in_place_candidates.contains_key(&id))?)
+            }
             Op::Attention { .. } | Op::Kernel { .. }
                 if matches!(base_op(&n.op), Op::Attention { .. }) =>
             {
@@ -669,6 +691,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             });
         }
     }
+    let (in_place, precheck_step) =
+        plan_in_place(g, &mem, &mut gen, &mut steps, &in_place_candidates)?;
     let (kernels, source) = gen.finish();
     Ok(KernelProgram {
         graph: g.clone(),
@@ -677,7 +701,100 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         kernels,
         source,
         steps,
+        in_place,
+        precheck_step,
     })
+}
+
+/// Scatters that are a program output (once) and whose destination is an input nothing
+/// else reads: scatter node → (output, input). Their steps gate the updates on the index
+/// check (`scatter_steps`).
+fn in_place_candidates(g: &Graph, consumers: &[BTreeSet<usize>]) -> HashMap<usize, (usize, usize)> {
+    let mut found = HashMap::new();
+    for (k, &o) in g.outputs.iter().enumerate() {
+        let n = &g.nodes[o];
+        if !matches!(n.op, Op::Scatter { .. }) || g.outputs.iter().filter(|&&p| p == o).count() != 1
+        {
+            continue;
+        }
+        let x = n.inputs[0];
+        let Op::Input { index } = g.nodes[x].op else {
+            continue;
+        };
+        let only_reader =
+            consumers[x].len() == 1 && !n.inputs[1..].contains(&x) && !g.outputs.contains(&x);
+        if only_reader {
+            found.insert(o, (k, index));
+        }
+    }
+    found
+}
+
+/// Which candidates may update their input in place, and the index check that makes that
+/// safe: one step, placed before the first candidate's copy, that checks every index the
+/// program reads (so no check can fail after an update was written). Only where every
+/// index expression reads memory written before that point; otherwise no output is
+/// updated in place (the copies stay).
+fn plan_in_place(
+    g: &Graph,
+    mem: &[Mem],
+    gen: &mut kernels::Generator<'_>,
+    steps: &mut Vec<Step>,
+    candidates: &HashMap<usize, (usize, usize)>,
+) -> Result<(Vec<InPlace>, Option<usize>), CodegenError> {
+    let Some(first) = steps.iter().position(|s| candidates.contains_key(&s.node)) else {
+        return Ok((Vec::new(), None));
+    };
+    let written: BTreeSet<usize> = steps[..first]
+        .iter()
+        .flat_map(|s| std::iter::once(s.node).chain(s.also.iter().map(|&(n, _)| n)))
+        .collect();
+    let ready = |x: usize| matches!(mem[x], Mem::Input(_) | Mem::Weight) || written.contains(&x);
+    let mut checked = Vec::new();
+    for (id, n) in g.nodes.iter().enumerate() {
+        if !matches!(
+            base_op(&n.op),
+            Op::Gather { .. } | Op::IndexSelect { .. } | Op::Scatter { .. }
+        ) {
+            continue;
+        }
+        let index = n.inputs[1];
+        let reads = match mem[index] {
+            Mem::Inline => memory_read(g, mem, index),
+            _ => BTreeSet::from([index]),
+        };
+        if !reads.into_iter().all(ready) {
+            return Ok((Vec::new(), None));
+        }
+        checked.push(id);
+    }
+    let scatter = steps[first].node;
+    let kind = gen.index_precheck(&checked, scatter)?;
+    steps.insert(
+        first,
+        Step {
+            node: scatter,
+            dest: steps[first].dest,
+            also: Vec::new(),
+            kind,
+        },
+    );
+    let mut in_place = Vec::new();
+    for (s, step) in steps.iter().enumerate() {
+        let Some(&(output, input)) = candidates.get(&step.node) else {
+            continue;
+        };
+        // A scatter's first step is its copy; the check sits before the first one.
+        let copy = s != first && !in_place.iter().any(|p: &InPlace| p.output == output);
+        if copy && step.dest == Dest::Output(output) {
+            in_place.push(InPlace {
+                output,
+                input,
+                copy_step: s,
+            });
+        }
+    }
+    Ok((in_place, Some(first)))
 }
 
 /// A cuBLASLt product and what its step adds as it writes.

@@ -1,6 +1,8 @@
-//! Scatter: a copy of the destination, then a thread per update (reductions by atomics).
+//! Scatter: a copy of the destination, then a thread per update (reductions by atomics);
+//! and the check of every index a program reads before it updates a caller's tensor in
+//! place (`index_precheck`).
 
-use ember_core::dim::numel;
+use ember_core::dim::{numel, Dim, DimOp};
 use ember_core::dtype::Kind;
 use ember_core::ir::{Op, ScatterReduce};
 
@@ -10,8 +12,11 @@ use super::{err, Body, Generator, GRID_STRIDE};
 
 impl Generator<'_> {
     /// `Scatter` in two launches on the same output: a copy of the input, then one thread
-    /// per update (atomic when updates combine).
-    pub fn scatter_steps(&mut self, id: usize) -> Result<Vec<StepKind>, CodegenError> {
+    /// per update (atomic when updates combine). With `gated`, the updates are written only
+    /// while no index check has failed (`meta[0] == 0`): a scatter that may write straight
+    /// into its input (`KernelProgram::in_place`) leaves the caller's tensor as it was when
+    /// the run fails.
+    pub fn scatter_steps(&mut self, id: usize, gated: bool) -> Result<Vec<StepKind>, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
         let Op::Scatter { axis, reduce } = n.op else {
@@ -42,6 +47,10 @@ impl Generator<'_> {
         // 2. one thread per update
         let ishape = g.nodes[index].ty.shape.clone();
         let mut e = self.emitter(None);
+        if gated {
+            // The check of every index (`index_precheck`) ran before this launch.
+            e.line("if (meta[0] != 0) return;");
+        }
         e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
         e.open(GRID_STRIDE);
         let idx = e.unravel("i", &ishape);
@@ -74,5 +83,41 @@ impl Generator<'_> {
         let body = Body::of(e, false);
         let write = self.add(id, body, Launch::Elements(numel(&ishape)));
         Ok(vec![copy, write])
+    }
+
+    /// One launch that checks every index the program reads from tensors (`checked`:
+    /// gathers, index selects and scatters), flagging the first out of range in `meta[0]`
+    /// as their own kernels would. It runs before a program's first in-place update, so the
+    /// updates (gated on the flag) are written all or not at all. The index expressions may
+    /// read only memory written before it (`generate` checks).
+    pub fn index_precheck(
+        &mut self,
+        checked: &[usize],
+        dest: usize,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
+        let mut e = self.emitter(None);
+        let mut most = Dim::from(0usize);
+        for &id in checked {
+            let n = &g.nodes[id];
+            let axis = match n.op {
+                Op::Gather { axis } | Op::IndexSelect { axis } | Op::Scatter { axis, .. } => axis,
+                _ => return Err(err(g, id, "internal: not an indexing op")),
+            };
+            let (x, index) = (n.inputs[0], n.inputs[1]);
+            let ishape = g.nodes[index].ty.shape.clone();
+            e.open("");
+            e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
+            e.open(GRID_STRIDE);
+            let idx = e.unravel("i", &ishape);
+            let j = e.value(index, &idx)?;
+            let len = e.dim(&g.nodes[x].ty.shape[axis]);
+            e.line(format!("ember_index(meta, (i64){j}, {len}, {id}LL);"));
+            e.close();
+            e.close();
+            most = Dim::binary(DimOp::Max, most, numel(&ishape));
+        }
+        let body = Body::of(e, false);
+        Ok(self.add(dest, body, Launch::Elements(most)))
     }
 }
