@@ -2,11 +2,12 @@
 built from small random configs (nothing is downloaded), forward outputs compared on random
 inputs, and greedy generation compared token for token with a bound on compiled programs."""
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import BACKENDS
+from conftest import BACKENDS, _cuda_reference
 from ember.backend import live_programs, programs_compiled
 
 transformers = pytest.importorskip("transformers")
@@ -120,17 +121,37 @@ def _main_output(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
+# The backends a model test runs on (the reference interpreter is too slow for models).
+MODEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+
+
+def _device_options(backend: str) -> tuple[str, dict]:
+    """Where a model test's tensors live, and the Ember options that run it there."""
+    if backend == "cuda":
+        return "cuda", {"device": "cuda"}
+    return "cpu", {"backend": backend}
+
+
+def _reference(device: str) -> contextlib.AbstractContextManager:
+    """Around eager's run: on the GPU, cuDNN convolutions in full f32 (as Ember's)."""
+    return _cuda_reference() if device == "cuda" else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("backend", MODEL_BACKENDS)
 @pytest.mark.parametrize("name", [*DECODERS, *ENCODERS])
-def test_forward_matches_eager(name):
-    model = {**DECODERS, **ENCODERS}[name]().eval()
-    compiled = torch.compile(model, backend="ember", options={"fallback": "error"})
+def test_forward_matches_eager(name, backend):
+    device, options = _device_options(backend)
+    model = {**DECODERS, **ENCODERS}[name]().eval().to(device)
+    compiled = torch.compile(model, backend="ember", options={"fallback": "error", **options})
     before = programs_compiled()
+    tol = TOL if device == "cpu" else {"rtol": 1e-3, "atol": 1e-3}
     with torch.no_grad():
         for _ in range(2):
-            inputs = _inputs(name)
-            want = _main_output(model(**inputs))
+            inputs = {k: v.to(device) for k, v in _inputs(name).items()}
+            with _reference(device):
+                want = _main_output(model(**inputs))
             got = _main_output(compiled(**inputs))
-            torch.testing.assert_close(got, want, **TOL)
+            torch.testing.assert_close(got, want, **tol)
     assert programs_compiled() > before, "Ember did not compile this model"
 
 
@@ -168,15 +189,14 @@ def test_greedy_generate_matches_eager_with_few_programs(name):
     check_greedy_generate(DECODERS[name]().eval(), torch.randint(0, VOCAB, (1, 5)))
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+@pytest.mark.parametrize("backend", MODEL_BACKENDS)
 def test_greedy_generate_with_static_cache(backend):
     """A StaticCache writes each step's keys into preallocated tensors in place (index_copy_
     on graph inputs); Ember writes them straight into the caller's cache (every layer's keys
     and values, in the decode program), with no copy back."""
-    model, prompt = DECODERS["llama"]().eval(), torch.randint(0, VOCAB, (1, 5))
-    options = {"backend": backend}
-    if backend == "cuda":
-        model, prompt, options = model.to("cuda"), prompt.to("cuda"), {"device": "cuda"}
+    device, options = _device_options(backend)
+    model = DECODERS["llama"]().eval().to(device)
+    prompt = torch.randint(0, VOCAB, (1, 5), device=device)
     earlier = {id(p) for p in live_programs()}
     check_greedy_generate(
         model,

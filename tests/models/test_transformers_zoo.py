@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 import torch
 from ember.backend import programs_compiled
-from test_transformers import check_greedy_generate
+from test_transformers import (
+    MODEL_BACKENDS,
+    _device_options,
+    _reference,
+    check_greedy_generate,
+)
 
 tf = pytest.importorskip("transformers")
 
@@ -236,22 +241,36 @@ def _main_output(out: Any) -> torch.Tensor:
     return logits if logits is not None else out.last_hidden_state
 
 
+# On the host, the default set runs on the CPU, the others and the emulated CUDA backend in
+# slow runs; a GPU run (`-m cuda`) takes every architecture.
+_ZOO_BACKENDS = [
+    b if b == "cpu" else pytest.param(b, marks=pytest.mark.slow) if b == "cuda-emu" else b
+    for b in MODEL_BACKENDS
+]
+
+
+@pytest.mark.parametrize("backend", _ZOO_BACKENDS)
 @pytest.mark.parametrize(
     "name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
 )
-def test_architecture_compiles_whole_and_matches_eager(name):
+def test_architecture_compiles_whole_and_matches_eager(name, backend):
+    device, options = _device_options(backend)
     torch.manual_seed(0)
-    model = ZOO[name]().eval()
+    model = ZOO[name]().eval().to(device)
     compiled = torch.compile(
-        model, backend="ember", options={"fallback": "error", "search_iterations": 0}
+        model,
+        backend="ember",
+        options={"fallback": "error", "search_iterations": 0, **options},
     )
     before = programs_compiled()
+    tol = TOL if device == "cpu" else {"rtol": 1e-3, "atol": 1e-3}
     with torch.no_grad():
-        inputs = _inputs(name)
-        want = _main_output(model(**inputs))
+        inputs = {k: v.to(device) for k, v in _inputs(name).items()}
+        with _reference(device):
+            want = _main_output(model(**inputs))
         got = _main_output(compiled(**inputs))
     assert want.abs().max() > 0, "a degenerate configuration: the output is all zeros"
-    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got, want, **tol)
     assert programs_compiled() > before, "Ember did not compile this model"
 
 

@@ -33,6 +33,16 @@ def with_backend(values: Sequence[Any], backend: str) -> Any:
 
 BACKENDS = [with_backend((), b) for b in BACKEND_NAMES]
 
+# Where `check` compiles when not handed a runner: the test's `check_backend` (see
+# tests/onnx/conftest.py) — the CPU; the GPU where there is one; the emulator in slow runs.
+CHECK_BACKENDS = [
+    pytest.param(b, marks=[pytest.mark.slow] if b == "cuda-emu" else _CUDA_MARKS)
+    if b != "cpu"
+    else b
+    for b in BACKEND_NAMES
+]
+check_backend = "cpu"
+
 
 def compile_on(model: Any, backend: str, **options: Any) -> Any:
     """`model` compiled by Ember for `backend` ("cuda": the GPU, numpy in and out)."""
@@ -100,9 +110,10 @@ def check(
     atol: float = ATOL,
     compiled: Any = None,
 ) -> list[np.ndarray]:
-    """Runs Ember and ONNX Runtime on ``feeds`` and asserts the outputs match."""
+    """Runs Ember (``compiled``, or the model compiled for ``check_backend``) and ONNX
+    Runtime on ``feeds`` and asserts the outputs match."""
     want = ort_run(model, feeds)
-    runner = compiled or ember.compile_onnx(model)
+    runner = compiled or compile_on(model, check_backend)
     if getattr(runner, "device", "cpu") == "cuda":
         rtol, atol = max(rtol, GPU_RTOL), max(atol, GPU_ATOL)
     got = runner(**feeds)

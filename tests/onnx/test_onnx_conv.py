@@ -135,12 +135,14 @@ POOL = {
 }
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("name", sorted(POOL))
 def test_max_pool(name: str) -> None:
     x, attrs = POOL[name]
     check(single("MaxPool", {"x": x}, attrs), {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize(
     "attrs",
     [
@@ -152,6 +154,7 @@ def test_max_pool_dilated(attrs: dict) -> None:
     check(single("MaxPool", {"x": X2}, attrs), {"x": X2})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("include", [0, 1])
 @pytest.mark.parametrize("name", sorted(POOL))
 def test_average_pool(name: str, include: int) -> None:
@@ -179,6 +182,7 @@ def test_conv_channel_mismatch_is_a_shape_error() -> None:
         ember.compile_onnx(single("Conv", {"x": x}, {}, 1, {"w": w}))
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("name", ["ResNet", "MobileNet"])
 def test_cnn_exported_from_torch(name: str, tmp_path) -> None:
     torch.manual_seed(0)

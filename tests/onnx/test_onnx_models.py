@@ -130,6 +130,7 @@ def test_symbolic_shape_arithmetic_runs_at_two_sizes() -> None:
         runner(randn(3, 5, 6))
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_sizes_computed_from_constants_by_float_math_or_2d_detours_are_folded() -> None:
     """Exporters compute static sizes in ways shape folding does not follow: a reshape's
     size as `Cast(Ceil(Div(Cast(n, float), k)) * k)` (MobileViT) and Pad's pads through a

@@ -16,6 +16,7 @@ from onnx import helper
 from onnx_util import check, make_model, ort_run, randn, single
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_opset_11_softmax_keeps_its_flattening_semantics():
     # Before opset 13, Softmax(axis=1) on [2, 3, 4] normalizes over the 12 trailing elements.
     x = randn(2, 3, 4)
@@ -23,6 +24,7 @@ def test_opset_11_softmax_keeps_its_flattening_semantics():
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_opset_9_upsample_and_opset_10_slice():
     x = randn(1, 2, 3, 3)
     upsample = make_model(
@@ -53,6 +55,7 @@ def test_an_opset_11_cnn_exported_by_torch_matches_eager(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_the_callers_model_is_not_changed_by_the_conversion():
     x = randn(2, 3)
     model = single("Relu", {"x": x}, opset=11)

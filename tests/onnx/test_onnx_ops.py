@@ -449,6 +449,7 @@ LOOSE = {
 }
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_op_matches_onnxruntime(name: str) -> None:
     model, feeds = CASES[name]()
@@ -479,6 +480,7 @@ def _axes_case(op: str, opset: int, axes: list[int], **attrs: Any) -> tuple:
     return model, {"x": X}
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("opset", [13, 17, 18, 21])
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"])
 def test_reduce_axes_attribute_or_input(op: str, opset: int) -> None:
@@ -486,6 +488,7 @@ def test_reduce_axes_attribute_or_input(op: str, opset: int) -> None:
     check(model, feeds, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("opset", [13, 18, 21])
 def test_split_squeeze_unsqueeze_pad_across_opsets(opset: int) -> None:
     nodes = [

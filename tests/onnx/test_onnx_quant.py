@@ -16,6 +16,7 @@ import torch
 from onnx_util import calibration, check, int8_weights, make_model, randn, rng, single
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("qtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("per_axis", [False, True])
 def test_quantize_then_dequantize(qtype, per_axis) -> None:
@@ -43,6 +44,7 @@ def test_quantize_then_dequantize(qtype, per_axis) -> None:
         assert (q == info.max).any() or (q == info.min).any()
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_quantize_without_zero_point_is_uint8() -> None:
     x = np.abs(randn(4, 6, seed=2)) * 3
     model = single("QuantizeLinear", {"x": x}, initializers={"s": np.array(0.02, np.float32)})
@@ -50,12 +52,14 @@ def test_quantize_without_zero_point_is_uint8() -> None:
     assert q.dtype == np.uint8
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_dequantize_int32_bias() -> None:
     x = rng(3).integers(-(2**20), 2**20, size=(8,), dtype=np.int32)
     model = single("DequantizeLinear", {"x": x}, initializers={"s": np.array(0.001, np.float32)})
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_dynamic_quantize_linear() -> None:
     for seed, shift in [(4, 0.0), (5, 3.0), (6, -3.0)]:
         x = randn(3, 7, seed=seed) + shift  # mixed signs, all positive, all negative
@@ -63,6 +67,7 @@ def test_dynamic_quantize_linear() -> None:
         check(model, {"x": x}, rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("zero_points", ["none", "scalar", "per_column"])
 def test_matmul_integer(zero_points) -> None:
     g = rng(7)
@@ -128,6 +133,7 @@ def _runs_integer_products(model: onnx.ModelProto, feeds: dict[str, np.ndarray])
     return "integer_dot" in prof.by_label()
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("weights", ["QUInt8", "QInt8"])
 def test_dynamically_quantized_model(tmp_path, weights) -> None:
     quantization = pytest.importorskip("onnxruntime.quantization")
@@ -144,6 +150,7 @@ def test_dynamically_quantized_model(tmp_path, weights) -> None:
     assert _runs_integer_products(quantized, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_statically_quantized_qdq_model(tmp_path, per_channel) -> None:
     quantization = pytest.importorskip("onnxruntime.quantization")

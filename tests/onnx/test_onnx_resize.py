@@ -28,6 +28,7 @@ def resize_model(x: np.ndarray, scales=None, sizes=None, opset: int = 19, **attr
     return single("Resize", {"x": x}, attrs, 1, inits, opset=opset, input_names=names)
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("ctm", CTMS)
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
 def test_resize_up_by_scales(mode, ctm):
@@ -36,6 +37,7 @@ def test_resize_up_by_scales(mode, ctm):
     check(model, {"x": x}, **TOL)
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("ctm", CTMS)
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
 def test_resize_to_sizes_up_and_down(mode, ctm):
@@ -47,6 +49,7 @@ def test_resize_to_sizes_up_and_down(mode, ctm):
 ROUNDING = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("nearest_mode", ROUNDING)
 def test_resize_nearest_rounding(nearest_mode):
     x = randn(1, 1, 6, 5)
@@ -60,6 +63,7 @@ def test_resize_nearest_rounding(nearest_mode):
     check(model, {"x": x}, **TOL)
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_resize_cubic_with_its_options():
     x = randn(1, 2, 6, 6)
     model = resize_model(
@@ -68,12 +72,14 @@ def test_resize_cubic_with_its_options():
     check(model, {"x": x}, **TOL)
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_resize_over_named_axes_and_integer_nearest():
     x = ints(2, 5, 3, low=0, high=100, dtype=np.int32)
     model = resize_model(x, sizes=[9, 2], axes=[1, 2], mode="nearest")
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_resize_1d_and_3d_linear():
     x = randn(2, 3, 7)
     check(resize_model(x, scales=[1, 1, 2.5], mode="linear"), {"x": x}, **TOL)
@@ -81,6 +87,7 @@ def test_resize_1d_and_3d_linear():
     check(resize_model(x, scales=[1, 1, 2, 1.5, 0.8], mode="linear"), {"x": x}, **TOL)
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_resize_opset_13():
     x = randn(1, 2, 3, 4)
     check(resize_model(x, scales=[1, 1, 2, 3], opset=13, mode="linear"), {"x": x}, **TOL)

@@ -18,6 +18,7 @@ def unique_rows(n: int, size: int, seed: int = 0) -> np.ndarray:
     return np.where(rng(seed + 1).random(n) < 0.3, picked - size, picked).astype(np.int64)
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_scatter_elements(axis, reduction):
@@ -35,6 +36,7 @@ def test_scatter_elements(axis, reduction):
     check(model, {"x": x, "i": idx, "u": upd})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
 def test_scatter_elements_with_repeated_indices_combines_all(reduction):
     x = randn(4, 3)
@@ -44,6 +46,7 @@ def test_scatter_elements_with_repeated_indices_combines_all(reduction):
     check(model, {"x": x, "i": idx, "u": upd})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_scatter_elements_of_integers():
     x = rng(0).integers(-9, 9, size=(3, 7)).astype(np.int64)
     idx = np.stack([unique_rows(5, 7, seed=s) for s in range(3)])
@@ -52,6 +55,7 @@ def test_scatter_elements_of_integers():
     check(model, {"x": x, "i": idx, "u": upd})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_scatter_nd_rows(reduction):
     x = randn(5, 4, 3)
@@ -61,6 +65,7 @@ def test_scatter_nd_rows(reduction):
     check(model, {"x": x, "i": idx, "u": upd})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_scatter_nd_whole_slices_and_single_elements():
     x = randn(4, 5)
     idx = np.array([[3], [0]], dtype=np.int64)

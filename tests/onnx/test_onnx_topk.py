@@ -8,6 +8,7 @@ import pytest
 from onnx_util import check, randn, rng, single
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("largest", [1, 0])
 @pytest.mark.parametrize(("axis", "k"), [(-1, 3), (0, 2), (1, 1)])
 def test_topk(axis, k, largest):
@@ -18,12 +19,14 @@ def test_topk(axis, k, largest):
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_topk_ties_go_to_the_lower_index_and_integers_work():
     x = rng(0).integers(0, 4, size=(3, 9)).astype(np.int64)
     model = single("TopK", {"x": x}, {}, 2, {"k": np.array([4], np.int64)})
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 @pytest.mark.parametrize("largest", [1, 0])
 def test_topk_with_a_large_k(largest):
     x = randn(2, 100)
@@ -31,6 +34,7 @@ def test_topk_with_a_large_k(largest):
     check(model, {"x": x})
 
 
+@pytest.mark.usefixtures("check_backend")
 def test_topk_with_k_zero_gives_empty_outputs():
     x = randn(3, 7)
     model = single("TopK", {"x": x}, {}, 2, {"k": np.array([0], np.int64)})
