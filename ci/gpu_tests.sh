@@ -6,7 +6,9 @@
 # ~1B-parameter llama decode/prefill benchmark (bounded by $LLAMA_TIMEOUT seconds, default
 # 360; 0 skips it; LLAMA_ARGS are passed on, e.g. "--runners eager,ember,inductor-ro"),
 # and a profile of Ember at those shapes (bench/gpu_profile.py, bounded by $PROFILE_TIMEOUT
-# seconds, default 150; 0 skips it);
+# seconds, default 150; 0 skips it); transformers' generate with a static cache
+# (bench/static_cache.py at Llama-3.2-1B's layer shape, 4 layers, bf16; $STATIC_TIMEOUT
+# seconds, default 200; 0 skips it; $STATIC_RUNNERS, default eager,ember,inductor-ro);
 # prints a short summary table last. Results also go to $OUT (or /tmp/ember-gpu).
 # SANITIZE_TIMEOUT=N (seconds, default 0: skipped) also runs ci/gpu_sanitize.py (small
 # llama prefill/decode, cuBLASLt and generated products) under compute-sanitizer's
@@ -76,6 +78,17 @@ if [ "${PROFILE_TIMEOUT:-150}" != 0 ]; then
     profile_rc=${PIPESTATUS[0]}
 fi
 
+static_rc=0
+if [ "${STATIC_TIMEOUT:-200}" != 0 ]; then
+    # transformers' generate with a StaticCache (caches updated in place), against eager
+    # and Inductor's reduce-overhead (the mode transformers recommends with it).
+    timeout "${STATIC_TIMEOUT:-200}" python3 -m bench.static_cache --device cuda --size 1b \
+        --dtype bfloat16 --no-dynamic --lengths 1024 --tokens 32 \
+        --runners "${STATIC_RUNNERS:-eager,ember,inductor-ro}" 2>&1 \
+        | grep -v -E "Warning|warn|model.generate" | tee "$out/gpu-static-cache.log"
+    static_rc=${PIPESTATUS[0]}
+fi
+
 sanitize_rc=0
 if [ "${SANITIZE_TIMEOUT:-0}" != 0 ]; then
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
@@ -108,8 +121,9 @@ PY
 [ -f "$out/gpu-bench.log" ] && tail -n 12 "$out/gpu-bench.log"
 [ -f "$out/gpu-llama.log" ] && grep -E '^(device|\|)' "$out/gpu-llama.log"
 [ -f "$out/gpu-profile.log" ] && grep -E '^(==|ember \()' "$out/gpu-profile.log"
+[ -f "$out/gpu-static-cache.log" ] && grep -E '^\|' "$out/gpu-static-cache.log"
 [ -f "$out/sanitize-memcheck.log" ] && grep -h -E "ERROR SUMMARY|exit" "$out"/sanitize-*.log
 echo "tests exit $tests_rc, bench exit $bench_rc, llama bench exit $llama_rc," \
-    "profile exit $profile_rc, sanitizer exit $sanitize_rc"
+    "profile exit $profile_rc, static cache exit $static_rc, sanitizer exit $sanitize_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$llama_rc" -eq 0 ] && [ "$profile_rc" -eq 0 ] \
-    && [ "$sanitize_rc" -eq 0 ]
+    && [ "$static_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ]

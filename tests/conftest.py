@@ -62,6 +62,27 @@ def backend(request) -> str:
     return request.param
 
 
+# The backend the ONNX tests' `onnx_util.check` compiles for when not handed a runner.
+CHECK_ON = {"backend": "cpu"}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(b, marks=pytest.mark.slow) if b == "cuda-emu" else b
+        for b in BACKENDS
+        if b != "reference"
+    ]
+)
+def check_backend(request) -> Iterator[str]:
+    """Runs an ONNX test whose models go through `onnx_util.check` on the CPU, on the GPU
+    where there is one, and on the emulated CUDA backend in slow runs."""
+    CHECK_ON["backend"] = request.param
+    try:
+        yield request.param
+    finally:
+        CHECK_ON["backend"] = "cpu"
+
+
 class Fn(torch.nn.Module):
     """Wraps a function as a module."""
 

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import CHECK_ON
 from onnx import TensorProto, helper, numpy_helper
 
 RTOL, ATOL = 1.3e-6, 1e-5
@@ -32,16 +33,6 @@ def with_backend(values: Sequence[Any], backend: str) -> Any:
 
 
 BACKENDS = [with_backend((), b) for b in BACKEND_NAMES]
-
-# Where `check` compiles when not handed a runner: the test's `check_backend` (see
-# tests/onnx/conftest.py) — the CPU; the GPU where there is one; the emulator in slow runs.
-CHECK_BACKENDS = [
-    pytest.param(b, marks=[pytest.mark.slow] if b == "cuda-emu" else _CUDA_MARKS)
-    if b != "cpu"
-    else b
-    for b in BACKEND_NAMES
-]
-check_backend = "cpu"
 
 
 def compile_on(model: Any, backend: str, **options: Any) -> Any:
@@ -110,10 +101,10 @@ def check(
     atol: float = ATOL,
     compiled: Any = None,
 ) -> list[np.ndarray]:
-    """Runs Ember (``compiled``, or the model compiled for ``check_backend``) and ONNX
-    Runtime on ``feeds`` and asserts the outputs match."""
+    """Runs Ember (``compiled``, or the model compiled for the test's ``check_backend``,
+    see tests/conftest.py) and ONNX Runtime on ``feeds`` and asserts the outputs match."""
     want = ort_run(model, feeds)
-    runner = compiled or compile_on(model, check_backend)
+    runner = compiled or compile_on(model, CHECK_ON["backend"])
     if getattr(runner, "device", "cpu") == "cuda":
         rtol, atol = max(rtol, GPU_RTOL), max(atol, GPU_ATOL)
     got = runner(**feeds)
