@@ -211,6 +211,37 @@ def test_greedy_generate_with_static_cache(backend):
     assert 2 * layers in in_place, in_place
 
 
+@pytest.mark.parametrize("backend", [b for b in MODEL_BACKENDS if b != "cpu"])
+def test_a_static_cache_of_many_layers_is_updated_in_place_on_cuda(backend):
+    """With 12 layers the later layers' cache positions are computed after the first
+    layer's update (launches of one shape are grouped eight at a time); the index check
+    before the first update recomputes them, so every layer's caches are still written in
+    place."""
+    device, options = _device_options(backend)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=INIT,
+    )
+    model = transformers.LlamaForCausalLM(config).eval().to(device)
+    prompt = torch.randint(0, VOCAB, (1, 5), device=device)
+    earlier = {id(p) for p in live_programs()}
+    check_greedy_generate(
+        model,
+        prompt,
+        options,
+        max_new_tokens=3,
+        min_new_tokens=3,
+        cache_implementation="static",
+    )
+    in_place = [len(p._in_place) for p in live_programs() if id(p) not in earlier]
+    assert 2 * 12 in in_place, in_place
+
+
 @pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])
 def test_moe_with_the_default_grouped_experts(name):
     """transformers' default MoE experts ("grouped_mm") sort the routed tokens by expert

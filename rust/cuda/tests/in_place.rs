@@ -303,3 +303,92 @@ fn a_lookup_of_computed_indices_after_the_scatter_keeps_the_copy() {
     assert!(kp.in_place.is_empty());
     assert!(kp.precheck_step.is_none());
 }
+
+/// Two caches, as two layers update them: `a[:, pos] = keys` and `b[:, pos + 1] = keys`,
+/// where `pos + 1` is also an output (so it lives in memory) and is written only after the
+/// first update.
+fn two_layer_graph() -> Graph {
+    let mut g = Graph::new();
+    let a = input(&mut g, 0, DType::F32, &[B, S, E], "cache_a");
+    let keys = input(&mut g, 1, DType::F32, &[B, 1, E], "keys");
+    let pos = input(&mut g, 2, DType::I64, &[1], "pos");
+    let b = input(&mut g, 3, DType::F32, &[B, S, E], "cache_b");
+    let shape = |s: &[usize]| s.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
+    let update = |g: &mut Graph, cache: usize, at: usize, name: &str| {
+        let at3 = g
+            .add(
+                Op::Reshape {
+                    shape: shape(&[1, 1, 1]),
+                },
+                &[at],
+                "at3",
+            )
+            .unwrap();
+        let index = g
+            .add(
+                Op::Expand {
+                    shape: shape(&[B, 1, E]),
+                },
+                &[at3],
+                "index",
+            )
+            .unwrap();
+        let op = Op::Scatter {
+            axis: 1,
+            reduce: ScatterReduce::None,
+        };
+        g.add(op, &[cache, index, keys], name).unwrap()
+    };
+    let first = update(&mut g, a, pos, "update_a");
+    let one = g
+        .add_source(
+            Op::Full {
+                value: ember_core::dtype::Scalar::Int(1),
+            },
+            ember_core::ir::TensorType::new(DType::I64, shape(&[1])),
+            "one",
+        )
+        .unwrap();
+    let next = g
+        .add(Op::Binary(BinaryOp::Add), &[pos, one], "next")
+        .unwrap();
+    let second = update(&mut g, b, next, "update_b");
+    g.outputs = vec![first, second, next];
+    g
+}
+
+#[test]
+fn an_index_written_after_the_first_update_is_recomputed_by_the_check() {
+    let g = two_layer_graph();
+    let kp = generate(&g).unwrap();
+    let pairs: Vec<(usize, usize)> = kp.in_place.iter().map(|p| (p.output, p.input)).collect();
+    assert_eq!(pairs, vec![(0, 0), (1, 3)], "{}", kp.source);
+    let device = EmulatedDevice::new(&kp).unwrap();
+    let p = Program::new(kp, device, &Weights::new()).unwrap();
+    let run = |pos: i64, a: &mut Vec<f32>, b: &mut Vec<f32>| -> ember_core::Result<i64> {
+        let keys: Vec<f32> = (0..B * E).map(|i| 10.0 + i as f32).collect();
+        let pos = [pos];
+        let mut next = [0i64];
+        let (pa, pb) = (a.as_mut_ptr() as u64, b.as_mut_ptr() as u64);
+        let ins = [pa, keys.as_ptr() as u64, pos.as_ptr() as u64, pb];
+        let shapes = [vec![B, S, E], vec![B, 1, E], vec![1], vec![B, S, E]];
+        p.run_on_device(&shapes, &ins, &[pa, pb, next.as_mut_ptr() as u64], 0)?;
+        Ok(next[0])
+    };
+    let fresh = || (0..B * S * E).map(|i| (i % 5) as f32).collect::<Vec<f32>>();
+    let (mut a, mut b) = (fresh(), fresh());
+    assert_eq!(run(2, &mut a, &mut b).unwrap(), 3);
+    for bi in 0..B {
+        for e in 0..E {
+            let key = 10.0 + (bi * E + e) as f32;
+            assert_eq!(a[(bi * S + 2) * E + e], key);
+            assert_eq!(b[(bi * S + 3) * E + e], key);
+            assert_eq!(a[(bi * S + 3) * E + e], fresh()[(bi * S + 3) * E + e]);
+        }
+    }
+    // The second layer's position is out of range: neither cache is written.
+    let (mut a, mut b) = (fresh(), fresh());
+    let err = run(S as i64 - 1, &mut a, &mut b).unwrap_err().to_string();
+    assert!(err.contains("update_b"), "{err}");
+    assert_eq!((a, b), (fresh(), fresh()));
+}

@@ -749,8 +749,11 @@ fn plan_in_place(
         .iter()
         .flat_map(|s| std::iter::once(s.node).chain(s.also.iter().map(|&(n, _)| n)))
         .collect();
-    let ready = |x: usize| matches!(mem[x], Mem::Input(_) | Mem::Weight) || written.contains(&x);
+    // An index value kept in memory but written after that point (a later layer's cache
+    // position, computed from an input) is recomputed by the check from what is ready; one
+    // that only a heavy op computes cannot be checked in time.
     let mut checked = Vec::new();
+    let mut recompute = BTreeSet::new();
     for (id, n) in g.nodes.iter().enumerate() {
         if !matches!(
             base_op(&n.op),
@@ -758,18 +761,27 @@ fn plan_in_place(
         ) {
             continue;
         }
-        let index = n.inputs[1];
-        let reads = match mem[index] {
-            Mem::Inline => memory_read(g, mem, index),
-            _ => BTreeSet::from([index]),
-        };
-        if !reads.into_iter().all(ready) {
-            return Ok((Vec::new(), None));
+        let mut todo = vec![n.inputs[1]];
+        let mut seen = BTreeSet::new();
+        while let Some(x) = todo.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            match mem[x] {
+                Mem::Input(_) | Mem::Weight => {}
+                Mem::Buffer if written.contains(&x) => {}
+                Mem::Buffer if is_heavy(&g.nodes[x].op) => return Ok((Vec::new(), None)),
+                Mem::Buffer => {
+                    recompute.insert(x);
+                    todo.extend(&g.nodes[x].inputs);
+                }
+                Mem::Inline => todo.extend(&g.nodes[x].inputs),
+            }
         }
         checked.push(id);
     }
     let scatter = steps[first].node;
-    let kind = gen.index_precheck(&checked, scatter)?;
+    let kind = gen.index_precheck(&checked, &recompute, scatter)?;
     steps.insert(
         first,
         Step {

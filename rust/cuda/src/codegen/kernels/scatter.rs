@@ -2,10 +2,13 @@
 //! and the check of every index a program reads before it updates a caller's tensor in
 //! place (`index_precheck`).
 
+use std::collections::BTreeSet;
+
 use ember_core::dim::{numel, Dim, DimOp};
 use ember_core::dtype::Kind;
 use ember_core::ir::{Op, ScatterReduce};
 
+use super::super::emit::Emitter;
 use super::super::types::{storage_type, store};
 use super::super::{CodegenError, Launch, StepKind};
 use super::{err, Body, Generator, GRID_STRIDE};
@@ -88,15 +91,21 @@ impl Generator<'_> {
     /// One launch that checks every index the program reads from tensors (`checked`:
     /// gathers, index selects and scatters), flagging the first out of range in `meta[0]`
     /// as their own kernels would. It runs before a program's first in-place update, so the
-    /// updates (gated on the flag) are written all or not at all. The index expressions may
-    /// read only memory written before it (`generate` checks).
+    /// updates (gated on the flag) are written all or not at all. The index expressions
+    /// read memory written before it, and compute the values in `recompute` (kept in
+    /// memory, but written later) from theirs (`generate` checks).
     pub fn index_precheck(
         &mut self,
         checked: &[usize],
+        recompute: &BTreeSet<usize>,
         dest: usize,
     ) -> Result<StepKind, CodegenError> {
         let g = self.g;
-        let mut e = self.emitter(None);
+        let in_memory: Vec<bool> = (self.in_memory.iter().enumerate())
+            .map(|(n, &m)| m && !recompute.contains(&n))
+            .collect();
+        let mut e = Emitter::new(g, &in_memory, None, self.symbols);
+        e.indent = 1;
         let mut most = Dim::from(0usize);
         for &id in checked {
             let n = &g.nodes[id];
