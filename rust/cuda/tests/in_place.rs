@@ -22,6 +22,35 @@ const S: usize = 6;
 const E: usize = 3;
 const ROWS: usize = 4;
 
+/// `cache[:, at] = keys` for a `[B, S, E]` cache, `[B, 1, E]` keys and a one-element `at`
+/// (`index_copy_` as the frontends translate it: a scatter at the position, expanded).
+fn cache_update(g: &mut Graph, cache: usize, at: usize, keys: usize, name: &str) -> usize {
+    let shape = |s: &[usize]| s.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
+    let at3 = g
+        .add(
+            Op::Reshape {
+                shape: shape(&[1, 1, 1]),
+            },
+            &[at],
+            "at3",
+        )
+        .unwrap();
+    let index = g
+        .add(
+            Op::Expand {
+                shape: shape(&[B, 1, E]),
+            },
+            &[at3],
+            "index",
+        )
+        .unwrap();
+    let op = Op::Scatter {
+        axis: 1,
+        reduce: ScatterReduce::None,
+    };
+    g.add(op, &[cache, index, keys], name).unwrap()
+}
+
 /// `cache[:, pos] = keys` (output 0, into input 0), then
 /// `sum(cache, 1) + table[ids]` (output 1): the table lookup's indices are checked after
 /// the cache was written.
@@ -32,34 +61,7 @@ fn step_graph() -> (Graph, Weights) {
     let pos = input(&mut g, 2, DType::I64, &[1], "pos");
     let ids = input(&mut g, 3, DType::I64, &[B], "ids");
     let shape = |s: &[usize]| s.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
-    let pos3 = g
-        .add(
-            Op::Reshape {
-                shape: shape(&[1, 1, 1]),
-            },
-            &[pos],
-            "pos3",
-        )
-        .unwrap();
-    let index = g
-        .add(
-            Op::Expand {
-                shape: shape(&[B, 1, E]),
-            },
-            &[pos3],
-            "index",
-        )
-        .unwrap();
-    let updated = g
-        .add(
-            Op::Scatter {
-                axis: 1,
-                reduce: ScatterReduce::None,
-            },
-            &[cache, index, keys],
-            "index_copy",
-        )
-        .unwrap();
+    let updated = cache_update(&mut g, cache, pos, keys, "index_copy");
     let total = g
         .add(
             Op::Reduce {
@@ -314,32 +316,7 @@ fn two_layer_graph() -> Graph {
     let pos = input(&mut g, 2, DType::I64, &[1], "pos");
     let b = input(&mut g, 3, DType::F32, &[B, S, E], "cache_b");
     let shape = |s: &[usize]| s.iter().map(|&d| Dim::from(d)).collect::<Vec<_>>();
-    let update = |g: &mut Graph, cache: usize, at: usize, name: &str| {
-        let at3 = g
-            .add(
-                Op::Reshape {
-                    shape: shape(&[1, 1, 1]),
-                },
-                &[at],
-                "at3",
-            )
-            .unwrap();
-        let index = g
-            .add(
-                Op::Expand {
-                    shape: shape(&[B, 1, E]),
-                },
-                &[at3],
-                "index",
-            )
-            .unwrap();
-        let op = Op::Scatter {
-            axis: 1,
-            reduce: ScatterReduce::None,
-        };
-        g.add(op, &[cache, index, keys], name).unwrap()
-    };
-    let first = update(&mut g, a, pos, "update_a");
+    let first = cache_update(&mut g, a, pos, keys, "update_a");
     let one = g
         .add_source(
             Op::Full {
@@ -352,7 +329,7 @@ fn two_layer_graph() -> Graph {
     let next = g
         .add(Op::Binary(BinaryOp::Add), &[pos, one], "next")
         .unwrap();
-    let second = update(&mut g, b, next, "update_b");
+    let second = cache_update(&mut g, b, next, keys, "update_b");
     g.outputs = vec![first, second, next];
     g
 }
