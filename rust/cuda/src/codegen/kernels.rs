@@ -29,7 +29,7 @@ mod window;
 // What the attention and product kernels share, for their sibling modules (`super::…`).
 use attention::{weighted_values, AttentionParts, RowIndex};
 pub use mma_attention::mma_attention_applies;
-use product::{product_terms, sum_name, write_product};
+use product::{sum_name, write_product};
 
 const NAME: &str = "@KERNEL@";
 /// The loop giving each thread its elements `i < n`, whatever the grid's size.
@@ -172,17 +172,7 @@ impl<'a> Generator<'a> {
         match &n.op {
             Op::Reduce { op, axes, .. } => self.reduce(id, *op, axes),
             Op::Softmax { axis, log } => self.softmax(id, *axis, *log),
-            Op::LayerNorm {
-                axis,
-                eps,
-                has_weight,
-                has_bias,
-            } => self.norm(id, *axis, *eps, *has_weight, *has_bias, false),
-            Op::RmsNorm {
-                axis,
-                eps,
-                has_weight,
-            } => self.norm(id, *axis, *eps, *has_weight, false, true),
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => self.norm_kernel(id, None),
             Op::Cumsum { axis } => self.cumsum(id, *axis),
             Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
             Op::GroupedDot => self.grouped_dot(id),
@@ -206,6 +196,28 @@ impl<'a> Generator<'a> {
             } => self.pool(id, *kind, kernel, stride, padding, dilation),
             Op::Dot | Op::IntegerDot | Op::Kernel { .. } => self.product_kernel(&[id], None),
             _ => self.elementwise(id, Some(id)),
+        }
+    }
+
+    /// The kernel of norm `id`, writing `epilogue` (a pointwise chain's end) if given.
+    pub fn norm_kernel(
+        &mut self,
+        id: usize,
+        epilogue: Option<usize>,
+    ) -> Result<StepKind, CodegenError> {
+        match self.g.nodes[id].op {
+            Op::LayerNorm {
+                axis,
+                eps,
+                has_weight,
+                has_bias,
+            } => self.norm(id, axis, eps, has_weight, has_bias, false, epilogue),
+            Op::RmsNorm {
+                axis,
+                eps,
+                has_weight,
+            } => self.norm(id, axis, eps, has_weight, false, true, epilogue),
+            _ => Err(err(self.g, id, "not a norm")),
         }
     }
 

@@ -5,6 +5,7 @@
 //! NVRTC in CI (`nvrtc` tests) and run on the host by the emulator (`emulate.rs`).
 
 mod emit;
+mod folded_norm;
 mod kernels;
 pub mod types;
 
@@ -410,6 +411,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             mem[id] = Mem::Buffer;
         }
     }
+    folded_norm::keep_norm_inputs(g, &mut mem, &consumers, &is_output);
     // Matrix-product operands must be in memory: directly, through a reshape, or
     // transposed (cuBLASLt reads them transposed in place). A generated product's are too:
     // it reads each operand element once per output row or column, so recomputing an
@@ -514,6 +516,26 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         mem[id] = Mem::Inline;
     }
 
+    // A norm whose values flow alone through pointwise ops to a node in memory
+    // (transformers' `weight * norm(x.to(f32)).to(dtype)`) writes that node as it goes:
+    // one launch where there were two, and the norm itself needs no memory.
+    let mut norm_epilogue: HashMap<usize, usize> = HashMap::new(); // root → norm
+    for id in 0..count {
+        let norm = matches!(g.nodes[id].op, Op::RmsNorm { .. } | Op::LayerNorm { .. });
+        if !norm || mem[id] != Mem::Buffer {
+            continue;
+        }
+        let Some(root) = epilogue_root(g, &mem, &consumers, &is_output, id) else {
+            continue;
+        };
+        let taken = gemms.contains_key(&root) || epilogue_of.contains_key(&root);
+        if taken || norm_epilogue.contains_key(&root) {
+            continue;
+        }
+        norm_epilogue.insert(root, id);
+        mem[id] = Mem::Inline;
+    }
+
     // `cuda.warp_dot` products of one input that write their own values (a decode step's
     // q, k and v projections) share one launch: the warps of the step take the products'
     // outputs one after another. The step sits at the first one's place, where the input
@@ -547,6 +569,10 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         }
     }
 
+    // Norms read only as products' rows are computed by those products (after the
+    // grouping above, which keys products on the rows they read).
+    folded_norm::fold_norms(g, &mut mem, &consumers, &is_output);
+
     // Independent elementwise kernels of one shape share a launch too (a decode step's k
     // and v cache concats): a later one joins an earlier one when everything it reads from
     // memory is written before the earlier one's step (steps run in node order), so it
@@ -558,7 +584,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         let plain = mem[id] == Mem::Buffer
             && !is_heavy(&n.op)
             && !gemms.contains_key(&id)
-            && !epilogue_of.contains_key(&id);
+            && !epilogue_of.contains_key(&id)
+            && !norm_epilogue.contains_key(&id);
         if !plain {
             continue;
         }
@@ -653,6 +680,8 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
             })
         } else if let Some(products) = epilogue_of.get(&id) {
             gen.product_kernel(products, Some(id))?
+        } else if let Some(&norm) = norm_epilogue.get(&id) {
+            gen.norm_kernel(norm, Some(id))?
         } else if let Some(members) = groups.get(&id).or(elementwise_groups.get(&id)) {
             let also = members[1..]
                 .iter()

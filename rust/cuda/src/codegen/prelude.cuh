@@ -211,6 +211,67 @@ EMBER_DEV float ember_pack_dot_f32(ember_pack a, ember_pack b) {
     return s;
 }
 
+// An RMS norm computed inside the product that reads it (`folded_norm.rs`): the sum of
+// the squares of a pack of the norm's input, then the product's terms with each value
+// normalized as the norm's own kernels round it — `round((x · rstd) · w)`, or with
+// `round_first` (transformers' 16-bit norms) `round(round(x · rstd) · w)`, `round` to the
+// stored type — before it multiplies `b`. Without a norm weight (`has_w` false) `w` is
+// not read. Each 32-bit word holds two 16-bit values (low half first) or one f32.
+template <typename F>
+EMBER_DEV float ember_pack_sumsq_16(ember_pack x, F load) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        const float lo = load((unsigned short)(x.w[j] & 0xffffu));
+        const float hi = load((unsigned short)(x.w[j] >> 16));
+        s += lo * lo;
+        s += hi * hi;
+    }
+    return s;
+}
+template <typename F, typename R>
+EMBER_DEV float ember_pack_norm_dot_16(ember_pack x, ember_pack w, ember_pack b, float rstd,
+                                       bool has_w, bool round_first, F load, R round) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) {
+            const unsigned sh = 16 * h;
+            float v = load((unsigned short)((x.w[j] >> sh) & 0xffffu)) * rstd;
+            if (round_first) v = round(v);
+            if (has_w) v = v * load((unsigned short)((w.w[j] >> sh) & 0xffffu));
+            s += round(v) * load((unsigned short)((b.w[j] >> sh) & 0xffffu));
+        }
+    }
+    return s;
+}
+struct EmberRoundBf16 { EMBER_MEMBER float operator()(float v) const { return ember_b2f(ember_f2b(v)); } };
+struct EmberRoundF16 { EMBER_MEMBER float operator()(float v) const { return ember_h2f(ember_f2h(v)); } };
+EMBER_DEV float ember_pack_sumsq_bf16(ember_pack x) { return ember_pack_sumsq_16(x, EmberLoadBf16()); }
+EMBER_DEV float ember_pack_sumsq_f16(ember_pack x) { return ember_pack_sumsq_16(x, EmberLoadF16()); }
+EMBER_DEV float ember_pack_sumsq_f32(ember_pack x) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) s += ember_bits_f(x.w[j]) * ember_bits_f(x.w[j]);
+    return s;
+}
+EMBER_DEV float ember_pack_norm_dot_bf16(ember_pack x, ember_pack w, ember_pack b, float rstd,
+                                         bool has_w, bool round_first) {
+    return ember_pack_norm_dot_16(x, w, b, rstd, has_w, round_first, EmberLoadBf16(), EmberRoundBf16());
+}
+EMBER_DEV float ember_pack_norm_dot_f16(ember_pack x, ember_pack w, ember_pack b, float rstd,
+                                        bool has_w, bool round_first) {
+    return ember_pack_norm_dot_16(x, w, b, rstd, has_w, round_first, EmberLoadF16(), EmberRoundF16());
+}
+// f32 values need no rounding (`round_first` has nothing to do).
+EMBER_DEV float ember_pack_norm_dot_f32(ember_pack x, ember_pack w, ember_pack b, float rstd,
+                                        bool has_w, bool) {
+    float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        float v = ember_bits_f(x.w[j]) * rstd;
+        if (has_w) v = v * ember_bits_f(w.w[j]);
+        s += v * ember_bits_f(b.w[j]);
+    }
+    return s;
+}
+
 // ---- warp-wide reductions (blockDim.x a multiple of 32) ----
 // `combine` over the 32 lanes of each warp, the result in every lane; every lane of the
 // warp must call it (a full-mask shuffle). On the GPU a butterfly of shuffles; the

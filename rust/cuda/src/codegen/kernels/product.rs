@@ -173,7 +173,7 @@ pub(super) fn write_product(
 }
 
 /// [`product_term`] of each of `products` (same shapes), into `s`, `s1`, ….
-pub(super) fn product_terms(
+fn product_terms(
     e: &mut Emitter<'_>,
     products: &[usize],
     out_idx: &[String],

@@ -182,7 +182,11 @@ impl Generator<'_> {
         ))
     }
 
-    /// Layer norm (two-pass mean and variance) or RMS norm over the dims from `axis` on.
+    /// Layer norm (two-pass mean and variance) or RMS norm over the dims from `axis` on;
+    /// with `epilogue`, writing instead that node: the end of a chain of pointwise ops the
+    /// norm flows through alone, computed from each normalized value in place
+    /// (`norm_epilogue` in `codegen/mod.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn norm(
         &mut self,
         id: usize,
@@ -191,6 +195,7 @@ impl Generator<'_> {
         has_weight: bool,
         has_bias: bool,
         rms: bool,
+        epilogue: Option<usize>,
     ) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
@@ -202,7 +207,7 @@ impl Generator<'_> {
         }
         let acc = accumulate_type(dtype);
         let (lead, trail) = (shape[..axis].to_vec(), shape[axis..].to_vec());
-        let mut e = self.emitter(None);
+        let mut e = self.emitter(epilogue);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("const i64 rows = {};", e.dims.product(&lead)));
         e.line(format!("const i64 width = {};", e.dims.product(&trail)));
@@ -261,13 +266,25 @@ impl Generator<'_> {
                 let bv = e.value(b, tidx)?;
                 y = format!("({y}) + ({acc}){bv}");
             }
-            e.line(format!("out[row * width + j] = {};", store(dtype, &y)));
+            let (node, value) = match epilogue {
+                None => (id, y),
+                Some(root) => {
+                    // The chain keeps the elements' order: the root's element at this
+                    // linear index reads the norm's only here.
+                    e.bind(id, &y);
+                    let shape = g.nodes[root].ty.shape.clone();
+                    let ridx = e.unravel("row * width + j", &shape);
+                    (root, e.value(root, &ridx)?)
+                }
+            };
+            let stored = store(g.nodes[node].ty.dtype, &value);
+            e.line(format!("out[row * width + j] = {stored};"));
             Ok(())
         })?;
         e.close();
         let body = Body::of(e, true);
         Ok(self.add(
-            id,
+            epilogue.unwrap_or(id),
             body,
             Launch::Rows {
                 rows: numel(&lead),

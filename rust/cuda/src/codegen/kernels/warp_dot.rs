@@ -12,18 +12,160 @@ use ember_core::dim::{numel, Dim};
 use ember_core::dtype::DType;
 use ember_core::ir::Graph;
 
-use super::super::types::{accumulate_type, store};
-use super::{product_terms, sum_name, write_product, Body, CodegenError, Generator, StepKind};
+use super::super::emit::Emitter;
+use super::super::folded_norm::{folded_norm, FoldedNorm};
+use super::super::types::{accumulate_type, load, store};
+use super::product::product_term;
+use super::{sum_name, write_product, Body, CodegenError, Generator, StepKind};
 use crate::codegen::{stored_in_order, Launch};
 
 /// The memory a product's operands are read from in packed steps: `a`'s rows and `b`'s
-/// columns are contiguous rows of `K` elements of these nodes.
+/// columns are contiguous rows of `K` elements of these nodes. Where `a` is a norm the
+/// product computes (`norm`), `a` here is the norm's input.
 struct PackedRows {
     a: usize,
     b: usize,
-    /// Elements per 16-byte pack, and the prelude's function summing a pack pair.
+    /// Elements per 16-byte pack, and the prelude's suffix of its pack functions for the
+    /// dtype (`ember_pack_dot_bf16`, …).
     per_pack: usize,
-    pack_dot: &'static str,
+    suffix: &'static str,
+    norm: Option<FoldedNorm>,
+}
+
+impl PackedRows {
+    /// The 16-byte-aligned addresses its packed loads need.
+    fn addresses(&self, e: &mut Emitter<'_>) -> Vec<String> {
+        let mut nodes = vec![self.a, self.b];
+        nodes.extend(self.norm.and_then(|f| f.w));
+        nodes
+            .into_iter()
+            .map(|n| format!("(unsigned long long){}", e.param(n)))
+            .collect()
+    }
+
+    /// `sum += ` the packed terms of rows `ra`, `rb` at pack `k` (`rstd`: its norm's).
+    fn term(&self, e: &mut Emitter<'_>, sum: &str, ra: &str, rb: &str, rstd: &str) -> String {
+        let suffix = self.suffix;
+        match self.norm {
+            None => format!("{sum} += ember_pack_dot_{suffix}({ra}[k], {rb}[k]);"),
+            Some(f) => {
+                let w = match f.w {
+                    Some(w) => format!("((const ember_pack*){})[k], ", e.param(w)),
+                    None => format!("{ra}[k], "),
+                };
+                format!(
+                    "{sum} += ember_pack_norm_dot_{suffix}({ra}[k], {w}{rb}[k], {rstd}, {}, {});",
+                    f.w.is_some(),
+                    f.rounds_before_weight
+                )
+            }
+        }
+    }
+}
+
+/// The norms (`FoldedNorm`) a kernel's products compute, each once: its scale is
+/// `rstd{j}` for the `j`-th.
+struct Norms(Vec<FoldedNorm>);
+
+impl Norms {
+    fn of(g: &Graph, in_memory: &[bool], products: &[usize]) -> Norms {
+        let mut found: Vec<FoldedNorm> = Vec::new();
+        for &p in products {
+            if let Some(f) = folded_norm(g, in_memory, g.nodes[p].inputs[0]) {
+                if found.iter().all(|h| h.norm != f.norm) {
+                    found.push(f);
+                }
+            }
+        }
+        Norms(found)
+    }
+
+    /// The scale variable of product `p`'s norm, if its rows are one.
+    fn scale_of(&self, g: &Graph, in_memory: &[bool], p: usize) -> Option<String> {
+        let f = folded_norm(g, in_memory, g.nodes[p].inputs[0])?;
+        let j = self.0.iter().position(|h| h.norm == f.norm)?;
+        Some(format!("rstd{j}"))
+    }
+
+    /// Declares each norm's `rstd{j}` for the row `row` (meaningful where `active`): the
+    /// warp's lanes sum the squares of the row's values, packed where the input's address
+    /// allows, and every thread of the block meets the reduction (outside any branch).
+    fn emit_scales(&self, e: &mut Emitter<'_>, active: &str, row: &str) {
+        for (j, f) in self.0.iter().enumerate() {
+            let x = e.param(f.x);
+            let (per_pack, suffix) = pack_of(f.dtype).expect("folded norms are of float dtypes");
+            e.line(format!("float q{j} = 0;"));
+            e.open(format!("if ({active})"));
+            e.line(format!("const auto* xr = {x} + ({row}) * K;"));
+            e.open(format!(
+                "if (K % {per_pack} == 0 && ((unsigned long long){x} & 15) == 0)"
+            ));
+            e.line(format!(
+                "for (i64 k = lane; k < K / {per_pack}; k += 32) q{j} += ember_pack_sumsq_{suffix}(((const ember_pack*)xr)[k]);"
+            ));
+            e.close();
+            e.open("else");
+            let v = load(f.dtype, "xr[k]");
+            e.line(format!(
+                "for (i64 k = lane; k < K; k += 32) {{ const float v = {v}; q{j} += v * v; }}"
+            ));
+            e.close();
+            e.close();
+            e.line(format!("q{j} = ember_warp_reduce(q{j}, smem, EmberSum());"));
+            e.line(format!(
+                "const float rstd{j} = ember_rsqrt(q{j} / (float)K + (float){:e});",
+                f.eps
+            ));
+        }
+    }
+}
+
+/// Elements per 16-byte pack and the prelude's suffix of the pack functions for `dtype`.
+fn pack_of(dtype: DType) -> Option<(usize, &'static str)> {
+    match dtype {
+        DType::BF16 => Some((8, "bf16")),
+        DType::F16 => Some((8, "f16")),
+        DType::F32 => Some((4, "f32")),
+        _ => None,
+    }
+}
+
+/// `sum += a · b` for product `p` at output `out_idx` and the emitted `k`, one element at
+/// a time; where `a` is a norm the product computes (scale `rstd`), its value is the
+/// input's element of row `row` normalized as the norm's kernel stores it.
+fn scalar_term(
+    e: &mut Emitter<'_>,
+    p: usize,
+    out_idx: &[String],
+    acc: &str,
+    sum: &str,
+    norm: Option<(FoldedNorm, &str, &str)>,
+) -> Result<(), CodegenError> {
+    let n = &e.g.nodes[p];
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    let Some((f, rstd, row)) = norm else {
+        return product_term(e, (a, b), out_idx, acc, sum);
+    };
+    let r = out_idx.len();
+    let mut bi = out_idx[..r - 2].to_vec();
+    bi.push("k".into());
+    bi.push(out_idx[r - 1].clone());
+    let bv = e.value(b, &bi)?;
+    let x = e.param(f.x);
+    let round = |v: &str| load(f.dtype, &store(f.dtype, v));
+    let mut v = format!(
+        "{} * {rstd}",
+        load(f.dtype, &format!("{x}[({row}) * K + k]"))
+    );
+    if f.rounds_before_weight {
+        v = round(&v);
+    }
+    if let Some(w) = f.w {
+        let w = e.param(w);
+        v = format!("({v}) * {}", load(f.dtype, &format!("{w}[k]")));
+    }
+    e.line(format!("{sum} += ({acc}){} * ({acc}){bv};", round(&v)));
+    Ok(())
 }
 
 impl Generator<'_> {
@@ -48,19 +190,17 @@ impl Generator<'_> {
             .iter()
             .map(|&p| packed_rows(g, self.in_memory, p))
             .collect();
+        let norms = Norms::of(g, self.in_memory, products);
         let mut e = self.emitter(epilogue);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("const i64 n = {};", e.dims.product(&out)));
         e.line(format!("const i64 K = {};", e.dim(&ash[r - 1])));
         e.line("const i64 lane = threadIdx.x & 31;");
-        if let Some(ps) = &packed {
-            let mut addresses = Vec::new();
-            for p in ps {
-                for node in [p.a, p.b] {
-                    addresses.push(format!("(unsigned long long){}", e.param(node)));
-                }
-            }
+        if packed.is_some() || !norms.0.is_empty() {
             e.line(format!("const i64 N = {};", e.dim(&out[r - 1])));
+        }
+        if let Some(ps) = &packed {
+            let addresses: Vec<String> = ps.iter().flat_map(|p| p.addresses(&mut e)).collect();
             e.line(format!("const i64 MN = {};", e.dims.product(&out[r - 2..])));
             // Caller's tensors may start anywhere; the arena and weights are aligned.
             e.line(format!(
@@ -71,14 +211,19 @@ impl Generator<'_> {
         }
         e.open("for (i64 base = (i64)blockIdx.x * blockDim.x; base < n * 32; base += (i64)gridDim.x * blockDim.x)");
         e.line("const i64 i = (base + threadIdx.x) >> 5;");
+        // Output `i` is row `i / N` of `a` (batch and row) times row `(batch, i % N)` of
+        // `b`'s memory.
+        norms.emit_scales(&mut e, "i < n", "i / N");
+        let scales: Vec<Option<String>> = products
+            .iter()
+            .map(|&p| norms.scale_of(g, self.in_memory, p))
+            .collect();
         for k in 0..products.len() {
             e.line(format!("{acc} {} = 0;", sum_name(k)));
         }
         e.open("if (i < n)");
         if let Some(ps) = &packed {
             e.open("if (packed)");
-            // Output `i` is row `i / N` of `a` (batch and row) times row `(batch, i % N)`
-            // of `b`'s memory.
             let mut terms = Vec::new();
             for (k, p) in ps.iter().enumerate() {
                 let (pa, pb) = (e.param(p.a), e.param(p.b));
@@ -88,10 +233,13 @@ impl Generator<'_> {
                 e.line(format!(
                     "const ember_pack* rb{k} = (const ember_pack*)({pb} + ((i / MN) * N + i % N) * K);"
                 ));
-                terms.push(format!(
-                    "{} += {}(ra{k}[k], rb{k}[k]);",
-                    sum_name(k),
-                    p.pack_dot
+                let rstd = scales[k].clone().unwrap_or_default();
+                terms.push(p.term(
+                    &mut e,
+                    &sum_name(k),
+                    &format!("ra{k}"),
+                    &format!("rb{k}"),
+                    &rstd,
                 ));
             }
             e.line("#pragma unroll 4");
@@ -106,7 +254,11 @@ impl Generator<'_> {
         let oidx = e.unravel("i", &out);
         e.line("#pragma unroll 4");
         e.open("for (i64 k = lane; k < K; k += 32)");
-        product_terms(&mut e, products, &oidx, acc)?;
+        for (k, &p) in products.iter().enumerate() {
+            let norm = folded_norm(g, self.in_memory, g.nodes[p].inputs[0]);
+            let with = norm.zip(scales[k].as_deref()).map(|(f, s)| (f, s, "i / N"));
+            scalar_term(&mut e, p, &oidx, acc, &sum_name(k), with)?;
+        }
         e.close();
         if packed.is_some() {
             e.close();
@@ -138,6 +290,8 @@ impl Generator<'_> {
         let first = &g.nodes[members[0]];
         let acc = accumulate_type(first.ty.dtype);
         let ash = g.nodes[first.inputs[0]].ty.shape.clone();
+        // Members read the same rows: a norm they compute is the same one for all.
+        let norms = Norms::of(g, self.in_memory, members);
         let mut e = self.emitter(None);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("const i64 K = {};", e.dim(&ash[ash.len() - 1])));
@@ -151,14 +305,14 @@ impl Generator<'_> {
                 "const i64 end{j} = start{j} + {};",
                 e.dims.product(&out)
             ));
+            e.line(format!("const i64 N{j} = {};", e.dim(&out[out.len() - 1])));
             start = format!("end{j}");
             let p = packed_rows(g, self.in_memory, m);
             let cond = match &p {
                 Some(p) => format!(
-                    "K % {} == 0 && (((unsigned long long){} | (unsigned long long){}) & 15) == 0",
+                    "K % {} == 0 && (({}) & 15) == 0",
                     p.per_pack,
-                    e.param(p.a),
-                    e.param(p.b)
+                    p.addresses(&mut e).join(" | ")
                 ),
                 None => "false".into(),
             };
@@ -168,16 +322,25 @@ impl Generator<'_> {
         e.line(format!("const i64 n = {start};"));
         e.open("for (i64 base = (i64)blockIdx.x * blockDim.x; base < n * 32; base += (i64)gridDim.x * blockDim.x)");
         e.line("const i64 i = (base + threadIdx.x) >> 5;");
+        if !norms.0.is_empty() {
+            // The row of `a` output `i` reads (-1 past the last member).
+            e.line("i64 row = -1;");
+            for j in 0..members.len() {
+                e.line(format!("{} row = (i - start{j}) / N{j};", member_branch(j)));
+            }
+            norms.emit_scales(&mut e, "row >= 0", "row");
+        }
         e.line(format!("{acc} s = 0;"));
         for (j, &m) in members.iter().enumerate() {
             e.open(member_branch(j));
             e.line(format!("const i64 li = i - start{j};"));
             let out = g.nodes[m].ty.shape.clone();
             let r = out.len();
+            let rstd = norms.scale_of(g, self.in_memory, m);
             if let Some(p) = &packed[j] {
                 let (pa, pb) = (e.param(p.a), e.param(p.b));
                 e.open(format!("if (packed{j})"));
-                e.line(format!("const i64 N = {};", e.dim(&out[r - 1])));
+                e.line(format!("const i64 N = N{j};"));
                 e.line(format!("const i64 MN = {};", e.dims.product(&out[r - 2..])));
                 e.line(format!(
                     "const ember_pack* ra = (const ember_pack*)({pa} + (li / N) * K);"
@@ -185,10 +348,11 @@ impl Generator<'_> {
                 e.line(format!(
                     "const ember_pack* rb = (const ember_pack*)({pb} + ((li / MN) * N + li % N) * K);"
                 ));
+                let term = p.term(&mut e, "s", "ra", "rb", rstd.as_deref().unwrap_or(""));
                 e.line("#pragma unroll 4");
                 e.line(format!(
-                    "for (i64 k = lane; k < K / {}; k += 32) s += {}(ra[k], rb[k]);",
-                    p.per_pack, p.pack_dot
+                    "for (i64 k = lane; k < K / {}; k += 32) {{ {term} }}",
+                    p.per_pack
                 ));
                 e.close();
                 e.open("else");
@@ -196,7 +360,9 @@ impl Generator<'_> {
             let oidx = e.unravel("li", &out);
             e.line("#pragma unroll 4");
             e.open("for (i64 k = lane; k < K; k += 32)");
-            product_terms(&mut e, &[m], &oidx, acc)?;
+            let norm = folded_norm(g, self.in_memory, g.nodes[m].inputs[0]);
+            let with = norm.zip(rstd.as_deref()).map(|(f, s)| (f, s, "row"));
+            scalar_term(&mut e, m, &oidx, acc, "s", with)?;
             e.close();
             if packed[j].is_some() {
                 e.close();
@@ -241,26 +407,27 @@ fn member_branch(j: usize) -> String {
 }
 
 /// Whether product `id` can sum packed rows: `a` is (through order-keeping views) a node
-/// in memory, `b` the transpose of one (a `[.., N, K]` weight), batch dims equal, and the
+/// in memory or a norm of one computed in place, `b` the transpose of one (a `[.., N, K]` weight), batch dims equal, and the
 /// dtype has a pack sum.
 fn packed_rows(g: &Graph, in_memory: &[bool], id: usize) -> Option<PackedRows> {
     let n = &g.nodes[id];
-    let (per_pack, pack_dot) = match n.ty.dtype {
-        DType::BF16 => (8, "ember_pack_dot_bf16"),
-        DType::F16 => (8, "ember_pack_dot_f16"),
-        DType::F32 => (4, "ember_pack_dot_f32"),
-        _ => return None,
-    };
+    let (per_pack, suffix) = pack_of(n.ty.dtype)?;
     let (a, b) = (n.inputs[0], n.inputs[1]);
     let (ash, bsh) = (&g.nodes[a].ty.shape, &g.nodes[b].ty.shape);
     let r = ash.len();
     if bsh[..r - 2] != ash[..r - 2] || !super::super::swaps_last_two(&g.nodes[b].op) {
         return None;
     }
+    let norm = folded_norm(g, in_memory, a);
+    let a = match norm {
+        Some(f) => f.x,
+        None => stored_in_order(g, a, |x| in_memory[x])?,
+    };
     Some(PackedRows {
-        a: stored_in_order(g, a, |x| in_memory[x])?,
+        a,
         b: stored_in_order(g, g.nodes[b].inputs[0], |x| in_memory[x])?,
         per_pack,
-        pack_dot,
+        suffix,
+        norm,
     })
 }
