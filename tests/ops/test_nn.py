@@ -188,7 +188,9 @@ def test_sdpa_one_query_row_over_a_long_cache(keys, backend):
     with torch.no_grad():
         expected = fn(q, k, v)
     assert all(torch.isfinite(t).all() for t in expected)
-    check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4)
+    # A second call with new values: the count of each row's finished chunks starts again.
+    again = [rand(*t.shape) for t in (q, k, v)]
+    check(fn, [q, k, v], backend, rtol=1e-4, atol=1e-4, new_inputs=again)
 
 
 def test_batch_norm_eval(backend):

@@ -419,6 +419,24 @@ impl<D: Device> Program<D> {
             .stats
     }
 
+    /// Where each step's counters start in `meta` (in `i64`s, after the error flag and the
+    /// symbols' values) under `env`, and how many there are in all.
+    fn counters(&self, env: &SymbolBindings) -> Result<(Vec<usize>, usize)> {
+        let mut at = Vec::with_capacity(self.kp.steps.len());
+        let mut next = 1 + self.kp.symbols.len();
+        for step in &self.kp.steps {
+            at.push(next);
+            if let StepKind::Kernel {
+                partials: Some((_, counters)),
+                ..
+            } = &step.kind
+            {
+                next += counters.eval(env)?.max(0) as usize;
+            }
+        }
+        Ok((at, next - 1 - self.kp.symbols.len()))
+    }
+
     /// The run's work under `layout`, with the dims of `env`, and the step each item comes
     /// from (steps with no work under `env` have no item).
     fn work(
@@ -465,6 +483,7 @@ impl<D: Device> Program<D> {
             }
             aliased().any(|p| p.copy_step == s)
         };
+        let (counter_at, _) = self.counters(env)?;
         let mut work = Vec::with_capacity(kp.steps.len());
         let mut item_steps = Vec::with_capacity(kp.steps.len());
         let address = |dest: Dest| match dest {
@@ -494,6 +513,7 @@ impl<D: Device> Program<D> {
                     }
                     if let Some(&(o, _)) = layout.partials.get(&s) {
                         params.push(base + o as u64);
+                        params.push(meta + 8 * counter_at[s] as u64);
                     }
                     work.push(Work::Launch {
                         kernel: *kernel,
@@ -618,6 +638,9 @@ impl<D: Device> Program<D> {
         for s in &self.kp.symbols {
             meta.push(*plan.env.get(s).unwrap_or(&0));
         }
+        // Counters start at zero on every run (`StepKind::Kernel::partials`).
+        let (_, counters) = self.counters(&plan.env)?;
+        meta.resize(meta.len() + counters, 0);
         let meta_bytes: Vec<u8> = meta.iter().flat_map(|v| v.to_le_bytes()).collect();
         let meta_addr = reuse(&self.device, &mut state.meta, meta_bytes.len())?;
 

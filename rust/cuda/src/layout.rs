@@ -12,7 +12,7 @@ use ember_core::dim::SymbolBindings;
 use ember_core::dtype::DType;
 use ember_core::Result;
 
-use crate::codegen::{Dest, KernelProgram, Launch, Partials, StepKind};
+use crate::codegen::{Dest, KernelProgram, Launch, StepKind};
 
 /// Arena allocations are aligned for every dtype and for vectorized access.
 pub const ALIGN: usize = 256;
@@ -123,7 +123,7 @@ pub(crate) fn scratch_bytes(
 pub(crate) fn partial_bytes(kp: &KernelProgram, s: usize, env: &SymbolBindings) -> Result<usize> {
     let step = &kp.steps[s];
     let StepKind::Kernel {
-        partials: Some(Partials::Write(elems)),
+        partials: Some((elems, _)),
         ..
     } = &step.kind
     else {
@@ -211,30 +211,19 @@ pub fn plan(
     let mut scratch = HashMap::new();
     let mut partials = HashMap::new();
     for (s, step) in kp.steps.iter().enumerate() {
-        // Partial results live from the step writing them to the next, which reads them.
-        match &step.kind {
-            StepKind::Kernel {
-                partials: Some(Partials::Write(_)),
-                ..
-            } => {
-                let mut need = floor
-                    .and_then(|f| f.partials.get(&s))
-                    .map_or(0, |&(_, b)| b);
-                for env in envs {
-                    need = need.max(partial_bytes(kp, s, env)?);
-                }
-                let size = round_up(need.max(1));
-                partials.insert(s, (place(size, s + 1, s, &mut live), size));
+        // Partial results live during the step that writes and combines them.
+        if let StepKind::Kernel {
+            partials: Some(_), ..
+        } = &step.kind
+        {
+            let mut need = floor
+                .and_then(|f| f.partials.get(&s))
+                .map_or(0, |&(_, b)| b);
+            for env in envs {
+                need = need.max(partial_bytes(kp, s, env)?);
             }
-            StepKind::Kernel {
-                partials: Some(Partials::Read),
-                ..
-            } => {
-                if let Some(&w) = s.checked_sub(1).and_then(|p| partials.get(&p)) {
-                    partials.insert(s, w);
-                }
-            }
-            _ => {}
+            let size = round_up(need.max(1));
+            partials.insert(s, (place(size, s, s, &mut live), size));
         }
         if let (Some(Geometry { blocks, .. }), Some((_, _, true))) =
             (geometry[s], kernel_launch(kp, &step.kind))

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use ember_core::dim::SymbolBindings;
 use ember_core::{Error, Result};
 
-use crate::codegen::{Dest, KernelProgram, Partials, StepKind};
+use crate::codegen::{Dest, KernelProgram, StepKind};
 use crate::layout::{self, Layout};
 
 /// The byte unwritten arena memory holds: `0xff…` is a NaN in f16, bf16, f32 and f64.
@@ -149,21 +149,14 @@ impl Watch {
             });
         }
         for (&s, &(offset, _)) in &m.layout.partials {
-            // The writing step's entry only; the reading step shares its memory.
-            if let StepKind::Kernel {
-                partials: Some(Partials::Write(_)),
-                ..
-            } = &kp.steps[s].kind
-            {
-                arena_regions.push(Region {
-                    start: m.arena.0 + offset as u64,
-                    bytes: layout::partial_bytes(kp, s, m.env)?,
-                    what: format!("the partial results of step {s}"),
-                    first: s,
-                    last: s + 1,
-                    writers: vec![s],
-                });
-            }
+            arena_regions.push(Region {
+                start: m.arena.0 + offset as u64,
+                bytes: layout::partial_bytes(kp, s, m.env)?,
+                what: format!("the partial results of step {s}"),
+                first: s,
+                last: s,
+                writers: vec![s],
+            });
         }
         arena_regions.sort_by_key(|r| (r.start, r.first));
 

@@ -5,7 +5,7 @@
 use ember_core::dim::Dim;
 use ember_core::dtype::DType;
 use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
-use ember_cuda::codegen::{generate, Mem, Partials, StepKind};
+use ember_cuda::codegen::{generate, Mem, StepKind};
 
 fn input(g: &mut Graph, index: usize, dtype: DType, shape: Vec<Dim>) -> ValueId {
     g.add_source(
@@ -273,7 +273,7 @@ fn another_backends_kernel_choice_is_refused_naming_the_node() {
 }
 
 #[test]
-fn one_query_row_per_head_splits_attention_over_the_keys_in_two_steps() {
+fn one_query_row_per_head_splits_attention_over_the_keys_in_one_step() {
     let s = Dim::sym("s0");
     let mut g = Graph::new();
     let q = input(&mut g, 0, DType::F32, dims(&[1, 4, 1, 16]));
@@ -301,23 +301,26 @@ fn one_query_row_per_head_splits_attention_over_the_keys_in_two_steps() {
             other => panic!("not a kernel: {other:?}"),
         })
         .collect();
+    // Partial results per (row, 128-key chunk), combined by each row's last block: a
+    // counter per query row (4 heads).
     assert!(
-        matches!(
-            parts.as_slice(),
-            [Some(Partials::Write(_)), Some(Partials::Read)]
-        ),
+        matches!(parts.as_slice(), [Some((_, rows))] if rows.as_const() == Some(4)),
         "{parts:?}"
     );
     assert!(kp.steps.iter().all(|st| st.node == out));
+    assert!(kp.source.contains("ember_arrive(cnt + row) == NC - 1"));
 
-    // Several query rows (prefill) keep one block per row, in one step.
+    // Several query rows (prefill) keep one block per row, with no partial results.
     let mut g = Graph::new();
     let q = input(&mut g, 0, DType::F32, dims(&[1, 4, 5, 16]));
     let k = input(&mut g, 1, DType::F32, dims(&[1, 4, 5, 16]));
     let v = input(&mut g, 2, DType::F32, dims(&[1, 4, 5, 16]));
     let out = g.add(attention, &[q, k, v], "attn").unwrap();
     g.outputs = vec![out];
-    assert_eq!(generate(&g).unwrap().steps.len(), 1);
+    let kp = generate(&g).unwrap();
+    assert!(
+        matches!(kp.steps.as_slice(), [st] if matches!(st.kind, StepKind::Kernel { partials: None, .. }))
+    );
 }
 
 #[test]
@@ -329,7 +332,8 @@ fn a_decode_steps_query_is_computed_inside_its_attention() {
         causal: false,
         has_mask: false,
     };
-    for (rows, steps) in [(1, 2), (5, 2)] {
+    // One row: the split kernel alone; five: q's kernel, then one block per row.
+    for (rows, steps) in [(1, 1), (5, 2)] {
         let mut g = Graph::new();
         let x = input(&mut g, 0, DType::F32, dims(&[1, 4, rows, 16]));
         let k = input(&mut g, 1, DType::F32, dims(&[1, 4, 5, 16]));

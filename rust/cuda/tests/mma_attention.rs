@@ -136,10 +136,11 @@ fn at_the_gpus_launch_sizes() {
 
 #[test]
 fn a_decode_step_keeps_split_attention() {
-    // One query row a head: the choice leaves it to the split kernels.
+    // One query row a head: the choice leaves it to the split kernel.
     let (g, _) = attention(DType::BF16, (1, 300, 64, 64), false, Mask::None);
     let chosen = ember_cuda::with_choice(&g, KERNEL_MMA_ATTENTION).unwrap();
     let kp = generate(&chosen).unwrap();
     assert!(!kp.source.contains("ember_mma_"), "{}", kp.source);
-    assert_eq!(kp.kernels.len(), 2, "split attention's two kernels");
+    assert_eq!(kp.kernels.len(), 1, "split attention's one kernel");
+    assert!(kp.source.contains("ember_arrive("), "{}", kp.source);
 }

@@ -14,7 +14,7 @@ use ember_core::ir::{Graph, Op};
 
 use super::emit::{param_decl, Emitter};
 use super::types::{storage_type, store};
-use super::{CodegenError, Kernel, Launch, Partials, StepKind};
+use super::{CodegenError, Kernel, Launch, StepKind};
 
 mod attention;
 mod mma_attention;
@@ -51,8 +51,9 @@ struct Body {
     text: String,
     cooperative: bool,
     scratch: Option<&'static str>,
-    /// The accumulator type of the partial results it writes or reads.
-    partials: Option<(&'static str, Partials)>,
+    /// The accumulator type of the partial results it writes and combines, their count
+    /// and the count of its counters (`StepKind::Kernel::partials`).
+    partials: Option<(&'static str, (Dim, Dim))>,
     /// Nodes it writes besides its root, as `out1`, `out2`, … (after `out`).
     also_writes: Vec<usize>,
 }
@@ -124,6 +125,7 @@ impl<'a> Generator<'a> {
         }
         if let Some((t, _)) = &body.partials {
             params.push(format!("{t}* __restrict__ part"));
+            params.push("i64* __restrict__ cnt".into());
         }
         let text = format!(
             "extern \"C\" __global__ void {NAME}({}) {{\n{}}}\n",

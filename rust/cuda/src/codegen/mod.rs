@@ -121,19 +121,14 @@ pub enum StepKind {
         launch: Launch,
         /// Per-block scratch floats (attention scores): `rows in flight × this`.
         scratch_per_block: Option<Dim>,
-        /// Partial results handed to the next step (split attention): this many
-        /// accumulator values written here, or read here from the step before.
-        partials: Option<Partials>,
+        /// Partial results the step writes and combines itself (split attention: each
+        /// row's last block to finish combines the row's chunks): this many accumulator
+        /// values, and this many counters (`i64`, one per row, passed as `cnt`) that the
+        /// executor keeps in `meta` after the symbols' values, so that each run's upload
+        /// of `meta` sets them to zero.
+        partials: Option<(Dim, Dim)>,
     },
     Gemm(Gemm),
-}
-
-/// A buffer of partial results one step writes and the next reads (both get it after
-/// their scratch, if any).
-#[derive(Clone, Debug)]
-pub enum Partials {
-    Write(Dim),
-    Read,
 }
 
 /// Where a step writes.

@@ -299,6 +299,17 @@ EMBER_DEV T ember_warp_reduce(T v, T* smem, F combine) {
 }
 #endif
 
+// Counts one more arrival at `*c` (a device-wide atomic), returning the count before it:
+// how a row's last block of split attention knows it is last. `__threadfence` orders a
+// block's writes before its arrival (on the host, the emulator's blocks run one after
+// another; the fence keeps the shim's threads ordered too).
+#ifndef EMBER_HOST
+EMBER_DEV i64 ember_arrive(i64* c) { return (i64)atomicAdd((ember_u64*)c, 1ull); }
+#else
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+EMBER_DEV i64 ember_arrive(i64* c) { return __atomic_fetch_add(c, 1, __ATOMIC_SEQ_CST); }
+#endif
+
 // Scatter reductions: atomic on the GPU (CAS loops where CUDA has no atomic op); the
 // emulator runs scatter threads one at a time, so a plain update is atomic there.
 template <typename T, typename F>

@@ -2,25 +2,25 @@
 //! keys ("flash decoding"): one block per query row gives a GPU only as many blocks as
 //! heads, so the keys are cut into chunks of `CHUNK`, each chunk's block writes its partial
 //! result (its score maximum, the sum of its exponentials and the unnormalized weighted
-//! values), and a second kernel combines a row's chunks rescaled to the row's maximum.
-//! The chunk count follows the keys' length at run time (`meta`), so one program serves a
-//! growing cache.
+//! values), and the last block of a row to finish (counted in `cnt`, which each run's
+//! `meta` upload zeroes) combines the row's chunks rescaled to the row's maximum — one
+//! launch, where a second kernel for the combination was one more per layer. The chunk
+//! count follows the keys' length at run time (`meta`), so one program serves a growing
+//! cache.
 
 use ember_core::dim::{numel, Dim, DimOp};
 use ember_core::ir::Op;
 
 use super::super::types::store;
-use super::{
-    inf, weighted_values, AttentionParts, Body, CodegenError, Generator, Partials, StepKind,
-};
+use super::{inf, weighted_values, AttentionParts, Body, CodegenError, Generator, StepKind};
 use crate::codegen::Launch;
 
 /// Keys per block (and the shared score buffer's length).
 const CHUNK: i64 = 128;
 
 impl Generator<'_> {
-    /// The two steps of split attention for `id`, or `None` where one block per query row
-    /// is the better kernel (more than one query row per head: prefill).
+    /// The step of split attention for `id`, or `None` where one block per query row is
+    /// the better kernel (more than one query row per head: prefill).
     pub fn split_attention_steps(
         &mut self,
         id: usize,
@@ -52,6 +52,7 @@ impl Generator<'_> {
         let mut e = self.emitter(None);
         e.line(format!("__shared__ {acc} smem[1024];"));
         e.line(format!("__shared__ {acc} ssc[{CHUNK}];"));
+        e.line("__shared__ bool last;");
         p.declare_dims(&mut e);
         e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
         e.open("for (i64 b = blockIdx.x; b < rows * NC; b += gridDim.x)");
@@ -82,43 +83,34 @@ impl Generator<'_> {
         weighted_values(&mut e, p.v, &at, acc, ("ssc", "j0", "nk"), "o", &|o| {
             format!("pr[2 + c] = {o};")
         })?;
+        // The row's last block to finish combines its chunks: every thread's partial
+        // results are made visible to the device before the block counts itself done, and
+        // the block seeing the count reach NC reads the others' (past any cache).
+        e.line("__threadfence();");
         e.line("__syncthreads();");
-        e.close();
-        let partial = Body {
-            partials: Some((acc, Partials::Write(part_elems))),
-            ..Body::of(e, true)
-        };
-        let first = self.add(
-            id,
-            partial,
-            Launch::Rows {
-                rows: Dim::binary(DimOp::Mul, rows.clone(), chunks),
-                width: Dim::Const(CHUNK),
-            },
-        );
-
-        // Step 2: one block per row combines its chunks.
-        let mut e = self.emitter(None);
-        p.declare_dims(&mut e);
-        e.line(format!("const i64 NC = (S + {}) / {CHUNK};", CHUNK - 1));
-        e.open("for (i64 row = blockIdx.x; row < rows; row += gridDim.x)");
-        e.line(format!("const {acc}* pr = part + row * NC * (EV + 2);"));
+        e.line("if (threadIdx.x == 0) last = ember_arrive(cnt + row) == NC - 1;");
+        e.line("__syncthreads();");
+        e.open("if (last)");
+        e.line("__threadfence();");
+        e.line(format!(
+            "const volatile {acc}* rp = part + row * NC * (EV + 2);"
+        ));
         e.line(format!("{acc} M = -{};", inf(acc)));
-        e.line("for (i64 t = 0; t < NC; ++t) M = pr[t * (EV + 2)] > M ? pr[t * (EV + 2)] : M;");
+        e.line("for (i64 t = 0; t < NC; ++t) M = rp[t * (EV + 2)] > M ? rp[t * (EV + 2)] : M;");
         e.line(format!("{acc} L = 0;"));
         e.open("for (i64 t = 0; t < NC; ++t)");
-        e.line(format!("const {acc} m = pr[t * (EV + 2)];"));
+        e.line(format!("const {acc} m = rp[t * (EV + 2)];"));
         e.line(format!(
-            "if (m != -{}) L += pr[t * (EV + 2) + 1] * ember_exp(m - M);",
+            "if (m != -{}) L += rp[t * (EV + 2) + 1] * ember_exp(m - M);",
             inf(acc)
         ));
         e.close();
         e.open("for (i64 c = threadIdx.x; c < EV; c += blockDim.x)");
         e.line(format!("{acc} o = 0;"));
         e.open("for (i64 t = 0; t < NC; ++t)");
-        e.line(format!("const {acc} m = pr[t * (EV + 2)];"));
+        e.line(format!("const {acc} m = rp[t * (EV + 2)];"));
         e.line(format!(
-            "if (m != -{}) o += pr[t * (EV + 2) + 2 + c] * ember_exp(m - M);",
+            "if (m != -{}) o += rp[t * (EV + 2) + 2 + c] * ember_exp(m - M);",
             inf(acc)
         ));
         e.close();
@@ -127,18 +119,21 @@ impl Generator<'_> {
         e.line(format!("out[row * EV + c] = {};", store(p.dtype, "o")));
         e.close();
         e.close();
-        let combine = Body {
-            partials: Some((acc, Partials::Read)),
-            ..Body::of(e, false)
+        // The next chunk's block reuses `last` and the score buffer.
+        e.line("__syncthreads();");
+        e.close();
+        let body = Body {
+            partials: Some((acc, (part_elems, rows.clone()))),
+            ..Body::of(e, true)
         };
-        let second = self.add(
+        let step = self.add(
             id,
-            combine,
+            body,
             Launch::Rows {
-                rows,
-                width: p.ev_dim.clone(),
+                rows: Dim::binary(DimOp::Mul, rows, chunks),
+                width: Dim::Const(CHUNK),
             },
         );
-        Ok(Some(vec![first, second]))
+        Ok(Some(vec![step]))
     }
 }
