@@ -393,3 +393,48 @@ def test_kernels_at_the_gpus_launch_sizes(monkeypatch):
 
     args = [rand(3, 300), rand(1, 2, 5, 8), rand(1, 2, 5, 8), rand(1, 2, 5, 8)]
     check(fn, args, "cuda-emu", rtol=1e-4, atol=1e-4)
+
+
+class _KeyValueCaches(torch.nn.Module):
+    """A layer's static key and value caches updated at one position (`index_copy_`, as
+    transformers' `StaticCache`), then read."""
+
+    def forward(self, k, v, pos, keys, values):
+        keys.index_copy_(2, pos, k * 2)
+        values.index_copy_(2, pos, v)
+        return keys.sum(2) + values.sum(2)
+
+
+@pytest.mark.parametrize("backend", ["cuda-emu", ON_THE_GPU])
+def test_a_layers_key_and_value_cache_updates_share_a_launch(backend):
+    """The key and value updates are one launch (after both copies, which an in-place call
+    skips), written in place into the caller's caches, and not at all when an index is
+    out of range."""
+    device = "cuda" if backend == "cuda" else "cpu"
+    options = {"device": "cuda"} if backend == "cuda" else {"backend": backend}
+
+    def caches() -> list[torch.Tensor]:
+        return [torch.zeros(1, 2, 6, 4, device=device) for _ in range(2)]
+
+    def step(position: int) -> list[torch.Tensor]:
+        k, v = (rand(1, 2, 1, 4).to(device) for _ in range(2))
+        return [k, v, torch.tensor([position], device=device)]
+
+    model = _KeyValueCaches()
+    ours, theirs = caches(), caches()
+    compiled = ember.compile(model, *step(0), *[c.clone() for c in ours], **options)
+    assert compiled._in_place == {0: 3, 1: 4}, compiled._in_place
+    # The index check, the two copies, the shared updates, two sums and their add.
+    gen = cuda.generated_source(compiled._program)
+    assert gen["steps"] == 7 and gen["source"].count("if (meta[0] != 0) return;") == 1
+    with torch.no_grad():
+        for position in (0, 5, 3):
+            args = step(position)
+            torch.testing.assert_close(compiled(*args, *ours), model(*args, *theirs))
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(a, b)
+        before = [c.clone() for c in ours]
+        with pytest.raises(ember.EmberRuntimeError, match="out of range"):
+            compiled(*step(6), *ours)
+        for a, b in zip(ours, before, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

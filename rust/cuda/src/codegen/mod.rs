@@ -611,6 +611,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         .collect();
 
     let in_place_candidates = in_place_candidates(g, &consumers);
+    let (scatter_groups, scatter_grouped) = scatter_groups(g, &mem, &in_place_candidates);
 
     let mut gen = kernels::Generator::new(g, &in_memory, &symbols);
     let mut steps = Vec::new();
@@ -625,10 +626,42 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         Dest::Node(node)
     };
     for (id, n) in g.nodes.iter().enumerate() {
-        if mem[id] != Mem::Buffer || grouped.contains(&id) {
+        if mem[id] != Mem::Buffer || grouped.contains(&id) || scatter_grouped.contains(&id) {
             continue;
         }
         let dest = dest_of(id, &mut written_outputs);
+        if let Some(members) = scatter_groups.get(&id) {
+            // Every member's copy, then their updates in one launch.
+            let gated = in_place_candidates.contains_key(&id);
+            let dests: Vec<Dest> = std::iter::once(dest)
+                .chain(
+                    members[1..]
+                        .iter()
+                        .map(|&m| dest_of(m, &mut written_outputs)),
+                )
+                .collect();
+            for (&m, &d) in members.iter().zip(&dests) {
+                let kind = gen.scatter_copy(m)?;
+                steps.push(Step {
+                    node: m,
+                    dest: d,
+                    also: Vec::new(),
+                    kind,
+                });
+            }
+            let kind = gen.scatter_writes(members, gated)?;
+            steps.push(Step {
+                node: id,
+                dest,
+                also: members[1..]
+                    .iter()
+                    .copied()
+                    .zip(dests[1..].iter().copied())
+                    .collect(),
+                kind,
+            });
+            continue;
+        }
         let several = match n.op {
             Op::Scatter { .. } => {
                 Some(gen.scatter_steps(id, in_place_candidates.contains_key(&id))?)
@@ -728,6 +761,45 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         in_place,
         precheck_step,
     })
+}
+
+/// Scatters whose updates share one launch (`Generator::scatter_writes`): first → all
+/// members, and the members after the first. A static cache's key and value updates of a
+/// layer are independent scatters of one update shape; a later one joins an earlier one
+/// (both updating a caller's tensor in place, or neither) when everything it reads from
+/// memory is written before the earlier one's steps, where its copy and updates then run.
+fn scatter_groups(
+    g: &Graph,
+    mem: &[Mem],
+    in_place: &HashMap<usize, (usize, usize)>,
+) -> (HashMap<usize, Vec<usize>>, BTreeSet<usize>) {
+    let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut grouped = BTreeSet::new();
+    let mut open: HashMap<(String, bool), usize> = HashMap::new(); // → first
+    for (id, n) in g.nodes.iter().enumerate() {
+        if !matches!(n.op, Op::Scatter { .. }) || mem[id] != Mem::Buffer {
+            continue;
+        }
+        let key = (
+            format!("{:?}", g.ty(n.inputs[1]).shape),
+            in_place.contains_key(&id),
+        );
+        let joins = open.get(&key).copied().filter(|&first| {
+            let members = groups.get(&first).map_or(1, Vec::len);
+            let ready = |r: usize| r < first || matches!(mem[r], Mem::Input(_) | Mem::Weight);
+            members < MAX_GROUP && memory_read(g, mem, id).into_iter().all(ready)
+        });
+        match joins {
+            Some(first) => {
+                groups.entry(first).or_insert_with(|| vec![first]).push(id);
+                grouped.insert(id);
+            }
+            None => {
+                open.insert(key, id);
+            }
+        }
+    }
+    (groups, grouped)
 }
 
 /// Scatters that are a program output (once) and whose destination is an input nothing

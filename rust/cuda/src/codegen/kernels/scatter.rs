@@ -20,12 +20,18 @@ impl Generator<'_> {
     /// into its input (`KernelProgram::in_place`) leaves the caller's tensor as it was when
     /// the run fails.
     pub fn scatter_steps(&mut self, id: usize, gated: bool) -> Result<Vec<StepKind>, CodegenError> {
+        let copy = self.scatter_copy(id)?;
+        let write = self.scatter_writes(&[id], gated)?;
+        Ok(vec![copy, write])
+    }
+
+    /// A scatter's first launch: its output = its input.
+    pub fn scatter_copy(&mut self, id: usize) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let n = &g.nodes[id];
-        let Op::Scatter { axis, reduce } = n.op else {
+        let Op::Scatter { axis: _, reduce } = n.op else {
             return Err(err(g, id, "internal: not a scatter"));
         };
-        let (x, index, updates) = (n.inputs[0], n.inputs[1], n.inputs[2]);
         let dtype = n.ty.dtype;
         let shape = n.ty.shape.clone();
         if reduce != ScatterReduce::None && !matches!(dtype.size(), 4 | 8) {
@@ -37,55 +43,89 @@ impl Generator<'_> {
                 ),
             ));
         }
-        // 1. out = x
         let mut e = self.emitter(None);
         e.line(format!("const i64 n = {};", e.dims.product(&shape)));
         e.open(GRID_STRIDE);
         let idx = e.unravel("i", &shape);
-        let v = e.value(x, &idx)?;
+        let v = e.value(n.inputs[0], &idx)?;
         e.line(format!("out[i] = {};", store(dtype, &v)));
         e.close();
         let copy = Body::of(e, false);
-        let copy = self.add(id, copy, Launch::Elements(numel(&shape)));
-        // 2. one thread per update
-        let ishape = g.nodes[index].ty.shape.clone();
+        Ok(self.add(id, copy, Launch::Elements(numel(&shape))))
+    }
+
+    /// The updates of scatters `members` (each copied into its output before), one thread
+    /// per update, in one launch: member `j` writes `out` (`j = 0`) or `out{j}`, its
+    /// updates in a grid-stride loop of their own (a static cache's key and value updates
+    /// of one layer: one launch, not two). Gated as in [`Self::scatter_steps`].
+    pub fn scatter_writes(
+        &mut self,
+        members: &[usize],
+        gated: bool,
+    ) -> Result<StepKind, CodegenError> {
+        let g = self.g;
         let mut e = self.emitter(None);
         if gated {
             // The check of every index (`index_precheck`) ran before this launch.
             e.line("if (meta[0] != 0) return;");
         }
-        e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
-        e.open(GRID_STRIDE);
-        let idx = e.unravel("i", &ishape);
-        let j = e.value(index, &idx)?;
-        let len = e.dim(&shape[axis]);
-        e.line(format!(
-            "const i64 j = ember_index(meta, (i64){j}, {len}, {id}LL);"
-        ));
-        let mut at = idx.clone();
-        at[axis] = "j".into();
-        let off = e.offset(&at, &shape);
-        let u = e.value(updates, &idx)?;
-        let st = storage_type(dtype);
-        let stored = store(dtype, &u);
-        match reduce {
-            ScatterReduce::None => e.line(format!("out[{off}] = {stored};")),
-            r => {
-                let f = match (r, dtype.kind() == Kind::Float) {
-                    (ScatterReduce::Add, _) => "EmberSum()",
-                    (ScatterReduce::Mul, _) => "EmberProd()",
-                    (ScatterReduce::Max, _) => "EmberIMax()",
-                    _ => "EmberIMin()",
-                };
-                e.line(format!(
-                    "ember_atomic_update<{st}>(&out[{off}], {stored}, {f});"
-                ));
+        let mut most: Option<Dim> = None;
+        for (k, &id) in members.iter().enumerate() {
+            let n = &g.nodes[id];
+            let Op::Scatter { axis, reduce } = n.op else {
+                return Err(err(g, id, "internal: not a scatter"));
+            };
+            let (index, updates) = (n.inputs[1], n.inputs[2]);
+            let dtype = n.ty.dtype;
+            let shape = n.ty.shape.clone();
+            let out = match k {
+                0 => "out".to_string(),
+                k => format!("out{k}"),
+            };
+            let ishape = g.nodes[index].ty.shape.clone();
+            e.open("");
+            e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
+            e.open(GRID_STRIDE);
+            let idx = e.unravel("i", &ishape);
+            let j = e.value(index, &idx)?;
+            let len = e.dim(&shape[axis]);
+            e.line(format!(
+                "const i64 j = ember_index(meta, (i64){j}, {len}, {id}LL);"
+            ));
+            let mut at = idx.clone();
+            at[axis] = "j".into();
+            let off = e.offset(&at, &shape);
+            let u = e.value(updates, &idx)?;
+            let st = storage_type(dtype);
+            let stored = store(dtype, &u);
+            match reduce {
+                ScatterReduce::None => e.line(format!("{out}[{off}] = {stored};")),
+                r => {
+                    let f = match (r, dtype.kind() == Kind::Float) {
+                        (ScatterReduce::Add, _) => "EmberSum()",
+                        (ScatterReduce::Mul, _) => "EmberProd()",
+                        (ScatterReduce::Max, _) => "EmberIMax()",
+                        _ => "EmberIMin()",
+                    };
+                    e.line(format!(
+                        "ember_atomic_update<{st}>(&{out}[{off}], {stored}, {f});"
+                    ));
+                }
             }
+            e.close();
+            e.close();
+            let updates = numel(&ishape);
+            most = Some(match most {
+                None => updates,
+                Some(m) => Dim::binary(DimOp::Max, m, updates),
+            });
         }
-        e.close();
-        let body = Body::of(e, false);
-        let write = self.add(id, body, Launch::Elements(numel(&ishape)));
-        Ok(vec![copy, write])
+        let body = Body {
+            also_writes: members[1..].to_vec(),
+            ..Body::of(e, false)
+        };
+        let threads = most.unwrap_or_else(|| Dim::from(0usize));
+        Ok(self.add(members[0], body, Launch::Elements(threads)))
     }
 
     /// One launch that checks every index the program reads from tensors (`checked`:
