@@ -7,6 +7,10 @@
 //! transposed weight) and are 16-byte aligned, each lane loads 16 bytes a time (8 bf16):
 //! a warp then has 512 bytes of a weight row in flight per step instead of 64, which is
 //! what reading weights near the memory's bandwidth takes.
+//!
+//! Where the rows are an RMS norm no other op reads (`folded_norm.rs`), each warp first
+//! sums the squares of its row of the norm's input, then normalizes each value as it
+//! multiplies it: the norm takes no launch of its own.
 
 use ember_core::dim::{numel, Dim};
 use ember_core::dtype::DType;
