@@ -196,6 +196,11 @@ struct Plan {
     env: SymbolBindings,
     shapes: Vec<Vec<usize>>,
     exact: OnceLock<Layout>,
+    /// What each run uploads to `meta`: the error flag (0), the symbols' values, then
+    /// every split step's counters (0).
+    meta: Vec<u8>,
+    /// Where each step's counters start in `meta`, in `i64`s.
+    counter_at: Vec<usize>,
 }
 
 struct Recorded<R> {
@@ -399,10 +404,13 @@ impl<D: Device> Program<D> {
             return Ok(p.clone());
         }
         let resolved = resolve(&self.kp.graph, input_shapes)?;
+        let (meta, counter_at) = self.meta(&resolved.env)?;
         let plan = Arc::new(Plan {
             env: resolved.env,
             shapes: resolved.shapes,
             exact: OnceLock::new(),
+            meta,
+            counter_at,
         });
         if plans.len() >= MAX_PLANS {
             plans.clear();
@@ -419,36 +427,40 @@ impl<D: Device> Program<D> {
             .stats
     }
 
-    /// Where each step's counters start in `meta` (in `i64`s, after the error flag and the
-    /// symbols' values) under `env`, and how many there are in all.
-    fn counters(&self, env: &SymbolBindings) -> Result<(Vec<usize>, usize)> {
+    /// The bytes of `meta` under `env` — the error flag, the symbols' values, then each
+    /// split step's counters (`StepKind::Kernel::partials`), all counters zero so that
+    /// every run starts them again — and where each step's counters start (in `i64`s).
+    fn meta(&self, env: &SymbolBindings) -> Result<(Vec<u8>, Vec<usize>)> {
+        let mut meta: Vec<i64> = vec![0];
+        for s in &self.kp.symbols {
+            meta.push(*env.get(s).unwrap_or(&0));
+        }
         let mut at = Vec::with_capacity(self.kp.steps.len());
-        let mut next = 1 + self.kp.symbols.len();
         for step in &self.kp.steps {
-            at.push(next);
+            at.push(meta.len());
             if let StepKind::Kernel {
                 partials: Some((_, counters)),
                 ..
             } = &step.kind
             {
-                next += counters.eval(env)?.max(0) as usize;
+                meta.resize(meta.len() + counters.eval(env)?.max(0) as usize, 0);
             }
         }
-        Ok((at, next - 1 - self.kp.symbols.len()))
+        Ok((meta.iter().flat_map(|v| v.to_le_bytes()).collect(), at))
     }
 
-    /// The run's work under `layout`, with the dims of `env`, and the step each item comes
-    /// from (steps with no work under `env` have no item).
+    /// The run's work under `layout`, with the dims of `plan`, and the step each item comes
+    /// from (steps with no work under those dims have no item).
     fn work(
         &self,
         layout: &Layout,
-        env: &SymbolBindings,
+        plan: &Plan,
         meta: u64,
         base: u64,
         inputs: &[u64],
         outputs: &[u64],
     ) -> Result<(Vec<Work>, Vec<usize>)> {
-        let kp = &self.kp;
+        let (kp, env) = (&self.kp, &plan.env);
         let addr_of =
             |node: usize| -> Result<u64> {
                 match kp.mem[node] {
@@ -483,7 +495,6 @@ impl<D: Device> Program<D> {
             }
             aliased().any(|p| p.copy_step == s)
         };
-        let (counter_at, _) = self.counters(env)?;
         let mut work = Vec::with_capacity(kp.steps.len());
         let mut item_steps = Vec::with_capacity(kp.steps.len());
         let address = |dest: Dest| match dest {
@@ -513,7 +524,7 @@ impl<D: Device> Program<D> {
                     }
                     if let Some(&(o, _)) = layout.partials.get(&s) {
                         params.push(base + o as u64);
-                        params.push(meta + 8 * counter_at[s] as u64);
+                        params.push(meta + 8 * plan.counter_at[s] as u64);
                     }
                     work.push(Work::Launch {
                         kernel: *kernel,
@@ -634,18 +645,11 @@ impl<D: Device> Program<D> {
         state.stream = Some(stream);
 
         self.check_indexed_axes(&plan.env)?;
-        let mut meta: Vec<i64> = vec![0];
-        for s in &self.kp.symbols {
-            meta.push(*plan.env.get(s).unwrap_or(&0));
-        }
-        // Counters start at zero on every run (`StepKind::Kernel::partials`).
-        let (_, counters) = self.counters(&plan.env)?;
-        meta.resize(meta.len() + counters, 0);
-        let meta_bytes: Vec<u8> = meta.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let meta_bytes = &plan.meta;
         let meta_addr = reuse(&self.device, &mut state.meta, meta_bytes.len())?;
 
         if state.records {
-            self.run_recorded(state, &plan, &meta_bytes, meta_addr, inputs, outputs)?;
+            self.run_recorded(state, &plan, meta_bytes, meta_addr, inputs, outputs)?;
         } else {
             let exact = match plan.exact.get() {
                 Some(l) => l,
@@ -655,10 +659,10 @@ impl<D: Device> Program<D> {
                 }
             };
             let base = reuse(&self.device, &mut state.arena, exact.arena_bytes.max(ALIGN))?;
-            let (work, items) = self.work(exact, &plan.env, meta_addr, base, inputs, outputs)?;
+            let (work, items) = self.work(exact, &plan, meta_addr, base, inputs, outputs)?;
             let arena = (base, arena_capacity(state));
             self.watch(&plan, exact, arena, inputs, outputs, items)?;
-            self.run_steps(state, &work, meta_addr, &meta_bytes)?;
+            self.run_steps(state, &work, meta_addr, meta_bytes)?;
         }
         if self.checks_indices {
             self.check_flag(meta_addr)?;
@@ -711,8 +715,7 @@ impl<D: Device> Program<D> {
             }
             bucket.recorded = None;
         }
-        let (work, items) =
-            self.work(&bucket.layout, &plan.env, meta_addr, base, inputs, outputs)?;
+        let (work, items) = self.work(&bucket.layout, plan, meta_addr, base, inputs, outputs)?;
         let arena = (base, arena_capacity(state));
         self.watch(plan, &bucket.layout, arena, inputs, outputs, items)?;
         let mut fresh = true;

@@ -183,24 +183,13 @@ pub(crate) fn keep_norm_inputs(
         if is_output[rows] || !read_only_as_rows(g, mem, consumers, is_output, rows, rows) {
             continue;
         }
-        // What the norm reads, `x` or `cast(x)`, which its kernel computes in place.
-        let mut x = match &g.nodes[rows].op {
-            op if is_norm(op) => g.nodes[rows].inputs[0],
-            Op::Binary(BinaryOp::Mul) => {
-                let norm = g.nodes[rows].inputs.iter().find_map(|&i| {
-                    let n = cast_of(g, i, g.ty(rows).dtype)?;
-                    is_norm(&g.nodes[n].op).then_some(n)
-                });
-                match norm {
-                    Some(n) => g.nodes[n].inputs[0],
-                    None => continue,
-                }
-            }
-            _ => continue,
+        // The norm's input as if everything were in memory: what must be.
+        let Some(x) = norm_of(g, rows, &|_| true)
+            .filter(|f| f.rows == rows)
+            .map(|f| f.x)
+        else {
+            continue;
         };
-        if let Some(inner) = cast_of(g, x, DType::F32) {
-            x = inner;
-        }
         if mem[x] != Mem::Inline || super::is_view(&g.nodes[x].op) {
             continue;
         }

@@ -587,8 +587,7 @@ pub fn generate(graph: &Graph) -> Result<KernelProgram, CodegenError> {
         let key = format!("{:?}", n.ty.shape);
         let joins = open_group.get(&key).copied().filter(|&first| {
             let members = elementwise_groups.get(&first).map_or(1, Vec::len);
-            let ready = |r: usize| r < first || matches!(mem[r], Mem::Input(_) | Mem::Weight);
-            members < MAX_GROUP && memory_read(g, &mem, id).into_iter().all(ready)
+            can_join(g, &mem, id, first, members)
         });
         match joins {
             Some(first) => {
@@ -786,8 +785,7 @@ fn scatter_groups(
         );
         let joins = open.get(&key).copied().filter(|&first| {
             let members = groups.get(&first).map_or(1, Vec::len);
-            let ready = |r: usize| r < first || matches!(mem[r], Mem::Input(_) | Mem::Weight);
-            members < MAX_GROUP && memory_read(g, mem, id).into_iter().all(ready)
+            can_join(g, mem, id, first, members)
         });
         match joins {
             Some(first) => {
@@ -1046,6 +1044,14 @@ fn summed_alongside(g: &Graph, first: usize, other: usize) -> bool {
 
 /// Most nodes one grouped step writes.
 const MAX_GROUP: usize = 8;
+
+/// Whether `id` may join the group of `first` (holding `members` nodes) and run in its
+/// step: the group has room, and everything `id` reads from memory is written before
+/// `first`'s step (steps run in node order), so it reads no member either.
+fn can_join(g: &Graph, mem: &[Mem], id: usize, first: usize, members: usize) -> bool {
+    let ready = |r: usize| r < first || matches!(mem[r], Mem::Input(_) | Mem::Weight);
+    members < MAX_GROUP && memory_read(g, mem, id).into_iter().all(ready)
+}
 
 /// The nodes in memory that computing `node` in place reads: its inputs, through every
 /// input recomputed in place.

@@ -69,7 +69,7 @@ impl Generator<'_> {
             // The check of every index (`index_precheck`) ran before this launch.
             e.line("if (meta[0] != 0) return;");
         }
-        let mut most: Option<Dim> = None;
+        let mut most = Dim::from(0usize);
         for (k, &id) in members.iter().enumerate() {
             let n = &g.nodes[id];
             let Op::Scatter { axis, reduce } = n.op else {
@@ -83,11 +83,7 @@ impl Generator<'_> {
                 k => format!("out{k}"),
             };
             let ishape = g.nodes[index].ty.shape.clone();
-            e.open("");
-            e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
-            e.open(GRID_STRIDE);
-            let idx = e.unravel("i", &ishape);
-            let j = e.value(index, &idx)?;
+            let (idx, j) = open_index_loop(&mut e, index, &ishape)?;
             let len = e.dim(&shape[axis]);
             e.line(format!(
                 "const i64 j = ember_index(meta, (i64){j}, {len}, {id}LL);"
@@ -114,18 +110,13 @@ impl Generator<'_> {
             }
             e.close();
             e.close();
-            let updates = numel(&ishape);
-            most = Some(match most {
-                None => updates,
-                Some(m) => Dim::binary(DimOp::Max, m, updates),
-            });
+            most = Dim::binary(DimOp::Max, most, numel(&ishape));
         }
         let body = Body {
             also_writes: members[1..].to_vec(),
             ..Body::of(e, false)
         };
-        let threads = most.unwrap_or_else(|| Dim::from(0usize));
-        Ok(self.add(members[0], body, Launch::Elements(threads)))
+        Ok(self.add(members[0], body, Launch::Elements(most)))
     }
 
     /// One launch that checks every index the program reads from tensors (`checked`:
@@ -155,11 +146,7 @@ impl Generator<'_> {
             };
             let (x, index) = (n.inputs[0], n.inputs[1]);
             let ishape = g.nodes[index].ty.shape.clone();
-            e.open("");
-            e.line(format!("const i64 n = {};", e.dims.product(&ishape)));
-            e.open(GRID_STRIDE);
-            let idx = e.unravel("i", &ishape);
-            let j = e.value(index, &idx)?;
+            let (_, j) = open_index_loop(&mut e, index, &ishape)?;
             let len = e.dim(&g.nodes[x].ty.shape[axis]);
             e.line(format!("ember_index(meta, (i64){j}, {len}, {id}LL);"));
             e.close();
@@ -169,4 +156,20 @@ impl Generator<'_> {
         let body = Body::of(e, false);
         Ok(self.add(dest, body, Launch::Elements(most)))
     }
+}
+
+/// Opens a block and, in it, a grid-stride loop over the elements of `index` (of shape
+/// `ishape`): the loop's multi-index and the index value there. What a scatter's updates
+/// and the index check both loop over; the caller closes both.
+fn open_index_loop(
+    e: &mut Emitter<'_>,
+    index: usize,
+    ishape: &[Dim],
+) -> Result<(Vec<String>, String), CodegenError> {
+    e.open("");
+    e.line(format!("const i64 n = {};", e.dims.product(ishape)));
+    e.open(GRID_STRIDE);
+    let idx = e.unravel("i", ishape);
+    let j = e.value(index, &idx)?;
+    Ok((idx, j))
 }

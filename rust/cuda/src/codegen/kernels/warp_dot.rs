@@ -84,20 +84,27 @@ impl Norms {
         Norms(found)
     }
 
-    /// The scale variable of product `p`'s norm, if its rows are one.
-    fn scale_of(&self, g: &Graph, in_memory: &[bool], p: usize) -> Option<String> {
+    /// Product `p`'s norm and its scale variable, if its rows are one.
+    fn scale_of(&self, g: &Graph, in_memory: &[bool], p: usize) -> Option<(FoldedNorm, String)> {
         let f = folded_norm(g, in_memory, g.nodes[p].inputs[0])?;
         let j = self.0.iter().position(|h| h.norm == f.norm)?;
-        Some(format!("rstd{j}"))
+        Some((f, format!("rstd{j}")))
     }
 
     /// Declares each norm's `rstd{j}` for the row `row` (meaningful where `active`): the
     /// warp's lanes sum the squares of the row's values, packed where the input's address
     /// allows, and every thread of the block meets the reduction (outside any branch).
-    fn emit_scales(&self, e: &mut Emitter<'_>, active: &str, row: &str) {
+    fn emit_scales(
+        &self,
+        e: &mut Emitter<'_>,
+        active: &str,
+        row: &str,
+    ) -> Result<(), CodegenError> {
         for (j, f) in self.0.iter().enumerate() {
             let x = e.param(f.x);
-            let (per_pack, suffix) = pack_of(f.dtype).expect("folded norms are of float dtypes");
+            let (per_pack, suffix) = pack_of(f.dtype).ok_or_else(|| {
+                CodegenError::new(e.g, f.norm, "internal: a folded norm of a non-float dtype")
+            })?;
             e.line(format!("float q{j} = 0;"));
             e.open(format!("if ({active})"));
             e.line(format!("const auto* xr = {x} + ({row}) * K;"));
@@ -121,6 +128,7 @@ impl Norms {
                 f.eps
             ));
         }
+        Ok(())
     }
 }
 
@@ -217,8 +225,8 @@ impl Generator<'_> {
         e.line("const i64 i = (base + threadIdx.x) >> 5;");
         // Output `i` is row `i / N` of `a` (batch and row) times row `(batch, i % N)` of
         // `b`'s memory.
-        norms.emit_scales(&mut e, "i < n", "i / N");
-        let scales: Vec<Option<String>> = products
+        norms.emit_scales(&mut e, "i < n", "i / N")?;
+        let scales: Vec<Option<(FoldedNorm, String)>> = products
             .iter()
             .map(|&p| norms.scale_of(g, self.in_memory, p))
             .collect();
@@ -237,13 +245,13 @@ impl Generator<'_> {
                 e.line(format!(
                     "const ember_pack* rb{k} = (const ember_pack*)({pb} + ((i / MN) * N + i % N) * K);"
                 ));
-                let rstd = scales[k].clone().unwrap_or_default();
+                let rstd = scales[k].as_ref().map_or("", |(_, s)| s.as_str());
                 terms.push(p.term(
                     &mut e,
                     &sum_name(k),
                     &format!("ra{k}"),
                     &format!("rb{k}"),
-                    &rstd,
+                    rstd,
                 ));
             }
             e.line("#pragma unroll 4");
@@ -259,8 +267,7 @@ impl Generator<'_> {
         e.line("#pragma unroll 4");
         e.open("for (i64 k = lane; k < K; k += 32)");
         for (k, &p) in products.iter().enumerate() {
-            let norm = folded_norm(g, self.in_memory, g.nodes[p].inputs[0]);
-            let with = norm.zip(scales[k].as_deref()).map(|(f, s)| (f, s, "i / N"));
+            let with = scales[k].as_ref().map(|(f, s)| (*f, s.as_str(), "i / N"));
             scalar_term(&mut e, p, &oidx, acc, &sum_name(k), with)?;
         }
         e.close();
@@ -332,7 +339,7 @@ impl Generator<'_> {
             for j in 0..members.len() {
                 e.line(format!("{} row = (i - start{j}) / N{j};", member_branch(j)));
             }
-            norms.emit_scales(&mut e, "row >= 0", "row");
+            norms.emit_scales(&mut e, "row >= 0", "row")?;
         }
         e.line(format!("{acc} s = 0;"));
         for (j, &m) in members.iter().enumerate() {
@@ -352,7 +359,8 @@ impl Generator<'_> {
                 e.line(format!(
                     "const ember_pack* rb = (const ember_pack*)({pb} + ((li / MN) * N + li % N) * K);"
                 ));
-                let term = p.term(&mut e, "s", "ra", "rb", rstd.as_deref().unwrap_or(""));
+                let scale = rstd.as_ref().map_or("", |(_, s)| s.as_str());
+                let term = p.term(&mut e, "s", "ra", "rb", scale);
                 e.line("#pragma unroll 4");
                 e.line(format!(
                     "for (i64 k = lane; k < K / {}; k += 32) {{ {term} }}",
@@ -364,8 +372,7 @@ impl Generator<'_> {
             let oidx = e.unravel("li", &out);
             e.line("#pragma unroll 4");
             e.open("for (i64 k = lane; k < K; k += 32)");
-            let norm = folded_norm(g, self.in_memory, g.nodes[m].inputs[0]);
-            let with = norm.zip(rstd.as_deref()).map(|(f, s)| (f, s, "row"));
+            let with = rstd.as_ref().map(|(f, s)| (*f, s.as_str(), "row"));
             scalar_term(&mut e, m, &oidx, acc, "s", with)?;
             e.close();
             if packed[j].is_some() {
