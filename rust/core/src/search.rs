@@ -361,8 +361,9 @@ fn example_shapes(
         .ok_or_else(|| "the program has symbolic dims and no example input shapes".to_string())
 }
 
-/// The default program, then single changes ranked by modelled cost, without duplicates
-/// (at most `4 * limit`).
+/// The default program, then changes that pay together (merged products; one kernel at
+/// every node it applies to), then single changes ranked by modelled cost, without
+/// duplicates (single changes and groups stop at `4 * limit` candidates in all).
 pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -384,8 +385,9 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
         }
     };
     push(Genome::new(), &mut out);
-    // Changes that pay only together come first: every one of them at once, then the
-    // single changes, then each group alone (measured only when the budget allows).
+    // Changes that pay only together come first: every one of them at once, then each
+    // backend kernel taken everywhere it applies, then the single changes, then each group
+    // alone (measured only when the budget allows).
     let groups = coordinated(ex);
     if !groups.is_empty() {
         let mut all = Genome::new();
@@ -395,6 +397,9 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
             }
         }
         push(all, &mut out);
+    }
+    for genome in uniform_kernels(ex) {
+        push(genome, &mut out);
     }
     let mut singles: Vec<(bool, f64, usize, usize)> = Vec::new();
     let is_view =
@@ -451,6 +456,29 @@ fn coordinated(ex: &Extractor) -> Vec<Genome> {
         }
     }
     readers.into_values().filter(|g| g.len() >= 2).collect()
+}
+
+/// For each backend kernel (`cuda.warp_dot`, `cpu.rowwise`, …), the change taking it at
+/// every class of the default program that offers it. Such a kernel can pay through what
+/// its nodes share once all take it — a decode layer's products on `cuda.warp_dot` are
+/// grouped into fewer launches and compute the norms before them, which a product alone
+/// cannot — so no single change shows the gain, and with a hundred products each single
+/// change is within noise: combining the single winners would never reach it.
+fn uniform_kernels(ex: &Extractor) -> Vec<Genome> {
+    let mut by_kernel: BTreeMap<&str, Genome> = BTreeMap::new();
+    for c in ex.default_classes() {
+        for (i, _) in ex.alternatives(c) {
+            if let Some(Op::Kernel { name, .. }) = ex.op(c, i) {
+                by_kernel
+                    .entry(name.as_str())
+                    .or_default()
+                    .entry(c)
+                    .or_insert(i);
+            }
+        }
+    }
+    // A kernel one class offers is a single change already.
+    by_kernel.into_values().filter(|g| g.len() >= 2).collect()
 }
 
 /// The changes a genome makes, each distinct one once with its count (`a -> b ×3`).

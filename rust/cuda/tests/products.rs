@@ -351,3 +351,69 @@ fn products_of_one_input_share_one_launch() {
         }
     }
 }
+
+/// Products on the warp kernel pay together (those of one row share a launch and compute
+/// the norm before them), which no single change shows: the search offers each generated
+/// kernel at every product at once, among its first candidates (with a hundred products,
+/// each single change is within noise and combining the winners never gets there).
+#[test]
+fn the_search_offers_each_product_kernel_at_every_product_at_once() {
+    use ember_core::backend::Backend;
+    use ember_core::egraph::{saturate, Budget};
+    use ember_core::extract::{DefaultCost, Extractor};
+    use ember_core::search::candidates;
+
+    let dtype = DType::F32;
+    let mut g = Graph::new();
+    let mut weights = Weights::new();
+    let x = input(&mut g, 0, dtype, &[1, 64], "x");
+    // A decode layer's q, k and v: one row times three weights.
+    for (j, n) in [48, 16, 16].into_iter().enumerate() {
+        let wt = weight_t(
+            &mut g,
+            &mut weights,
+            &format!("w{j}"),
+            dtype,
+            (n, 64),
+            j + 1,
+        );
+        let y = g.add(Op::Dot, &[x, wt], "proj").unwrap();
+        g.outputs.push(y);
+    }
+    let xv = Value::from_f64(dtype, vec![1, 64], values(64, 9));
+    let want = interp::run(&g, &weights, std::slice::from_ref(&xv)).unwrap();
+
+    let backend = ember_cuda::EmulatedCudaBackend::default();
+    let (data, _) = saturate(&g, &backend.lowering_rules(), &Budget::default()).unwrap();
+    let sizes = DefaultCost {
+        sizes: Default::default(),
+    };
+    let ex = Extractor::new(&data, &g, &sizes);
+    let cands = candidates(&ex, &g, 8);
+    let names: Vec<&str> = cands.iter().map(|c| c.description.as_str()).collect();
+    for kernel in [KERNEL_WARP_DOT, KERNEL_THREAD_DOT] {
+        let on_kernel = |c: &ember_core::extract::Candidate| {
+            let nodes = &c.graph.nodes;
+            let dots = nodes
+                .iter()
+                .filter(|n| matches!(n.op.base(), Op::Dot))
+                .count();
+            let taken = nodes
+                .iter()
+                .filter(|n| matches!(&n.op, Op::Kernel { name, .. } if name == kernel))
+                .count();
+            dots == 3 && taken == 3
+        };
+        let at = cands
+            .iter()
+            .position(on_kernel)
+            .unwrap_or_else(|| panic!("no candidate with every product on {kernel}: {names:?}"));
+        // The default, the merged products, then one candidate per kernel.
+        assert!(at <= 3, "{kernel} everywhere is candidate {at}: {names:?}");
+        let kp = generate(&cands[at].graph).unwrap();
+        let got = run_program(kp, &weights, std::slice::from_ref(&xv), false).unwrap();
+        for (k, (got, want)) in got.iter().zip(&want).enumerate() {
+            check(&format!("{kernel} everywhere, output {k}"), got, want);
+        }
+    }
+}
