@@ -54,6 +54,17 @@ pub enum LoweringRule {
     },
 }
 
+impl LoweringRule {
+    /// The backend kernel the rule offers.
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            LoweringRule::Kernel { kernel, .. } | LoweringRule::PackOperand { kernel, .. } => {
+                kernel
+            }
+        }
+    }
+}
+
 /// A compiled program. It may be run from several threads at once.
 pub trait Executable: Send + Sync {
     /// Shapes of the outputs for inputs of the given shapes (binds dynamic dims, checks

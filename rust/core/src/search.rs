@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, Executable, Weights};
+use crate::backend::{Backend, Executable, LoweringRule, Weights};
 use crate::cache::{Cache, Entry};
 use crate::dim::SymbolBindings;
 use crate::dtype::DType;
@@ -193,7 +193,12 @@ pub fn optimize(
         report.note = note;
     }
 
-    let candidates = candidates(&ex, graph, opts.iterations);
+    let kernels: Vec<&str> = backend
+        .lowering_rules()
+        .iter()
+        .map(LoweringRule::kernel)
+        .collect();
+    let candidates = candidates_preferring(&ex, graph, opts.iterations, &kernels);
     let default_graph = candidates
         .first()
         .map(|c| c.graph.clone())
@@ -365,6 +370,18 @@ fn example_shapes(
 /// every node it applies to), then single changes ranked by modelled cost, without
 /// duplicates (single changes and groups stop at `4 * limit` candidates in all).
 pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate> {
+    candidates_preferring(ex, graph, limit, &[])
+}
+
+/// `candidates`, with the programs taking one kernel everywhere in the order of `kernels`
+/// (the backend's lowering rules: its likelier winner first, so that a search cut short by
+/// its time budget has measured it); kernels not listed follow by name.
+pub fn candidates_preferring(
+    ex: &Extractor,
+    graph: &Graph,
+    limit: usize,
+    kernels: &[&str],
+) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let mut push = |genome: Genome, out: &mut Vec<Candidate>| {
@@ -398,7 +415,7 @@ pub fn candidates(ex: &Extractor, graph: &Graph, limit: usize) -> Vec<Candidate>
         }
         push(all, &mut out);
     }
-    for genome in uniform_kernels(ex) {
+    for genome in uniform_kernels(ex, kernels) {
         push(genome, &mut out);
     }
     let mut singles: Vec<(bool, f64, usize, usize)> = Vec::new();
@@ -463,14 +480,16 @@ fn coordinated(ex: &Extractor) -> Vec<Genome> {
 /// its nodes share once all take it — a decode layer's products on `cuda.warp_dot` are
 /// grouped into fewer launches and compute the norms before them, which a product alone
 /// cannot — so no single change shows the gain, and with a hundred products each single
-/// change is within noise: combining the single winners would never reach it.
-fn uniform_kernels(ex: &Extractor) -> Vec<Genome> {
-    let mut by_kernel: BTreeMap<&str, Genome> = BTreeMap::new();
+/// change is within noise: combining the single winners would never reach it. In the
+/// order of `order` (kernels not in it last, by name).
+fn uniform_kernels(ex: &Extractor, order: &[&str]) -> Vec<Genome> {
+    let mut by_kernel: BTreeMap<(usize, &str), Genome> = BTreeMap::new();
+    let rank = |name: &str| order.iter().position(|k| *k == name).unwrap_or(order.len());
     for c in ex.default_classes() {
         for (i, _) in ex.alternatives(c) {
             if let Some(Op::Kernel { name, .. }) = ex.op(c, i) {
                 by_kernel
-                    .entry(name.as_str())
+                    .entry((rank(name), name.as_str()))
                     .or_default()
                     .entry(c)
                     .or_insert(i);

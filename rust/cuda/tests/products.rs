@@ -361,7 +361,7 @@ fn the_search_offers_each_product_kernel_at_every_product_at_once() {
     use ember_core::backend::Backend;
     use ember_core::egraph::{saturate, Budget};
     use ember_core::extract::{DefaultCost, Extractor};
-    use ember_core::search::candidates;
+    use ember_core::search::candidates_preferring;
 
     let dtype = DType::F32;
     let mut g = Graph::new();
@@ -389,8 +389,15 @@ fn the_search_offers_each_product_kernel_at_every_product_at_once() {
         sizes: Default::default(),
     };
     let ex = Extractor::new(&data, &g, &sizes);
-    let cands = candidates(&ex, &g, 8);
+    // In the order of the backend's rules: the warp kernel (the likelier winner) first.
+    let kernels: Vec<&str> = backend
+        .lowering_rules()
+        .iter()
+        .map(|r| r.kernel())
+        .collect();
+    let cands = candidates_preferring(&ex, &g, 8, &kernels);
     let names: Vec<&str> = cands.iter().map(|c| c.description.as_str()).collect();
+    let mut last = 0;
     for kernel in [KERNEL_WARP_DOT, KERNEL_THREAD_DOT] {
         let on_kernel = |c: &ember_core::extract::Candidate| {
             let nodes = &c.graph.nodes;
@@ -410,6 +417,11 @@ fn the_search_offers_each_product_kernel_at_every_product_at_once() {
             .unwrap_or_else(|| panic!("no candidate with every product on {kernel}: {names:?}"));
         // The default, the merged products, then one candidate per kernel.
         assert!(at <= 3, "{kernel} everywhere is candidate {at}: {names:?}");
+        assert!(
+            at > last,
+            "{kernel} everywhere is not in the rules' order: {names:?}"
+        );
+        last = at;
         let kp = generate(&cands[at].graph).unwrap();
         let got = run_program(kp, &weights, std::slice::from_ref(&xv), false).unwrap();
         for (k, (got, want)) in got.iter().zip(&want).enumerate() {
