@@ -18,8 +18,17 @@ pub struct GpuGraph {
     exec: sys::CUgraphExec,
     /// The node of each work item, in order.
     nodes: Vec<sys::CUgraphNode>,
+    /// Products captured by patches, by work item and call, the newest last: a loop whose
+    /// outputs come from torch's allocator writes to a few addresses in turn (this call's
+    /// logits where the last call's were freed), and a product patched back to a call it
+    /// served before takes its capture again instead of capturing anew (a cuBLASLt call
+    /// and a stream capture on the host, per call). At most `KEPT_CAPTURES` per item.
+    captures: Vec<(usize, GemmCall, sys::CUgraph)>,
     gpu: Arc<Gpu>,
 }
+
+/// Captures kept per product node (see `GpuGraph::captures`).
+const KEPT_CAPTURES: usize = 4;
 
 // SAFETY: graph handles are driver objects usable from any thread with the context current;
 // the executor uses a recording from one run at a time.
@@ -60,6 +69,7 @@ impl GpuGraph {
             graph,
             exec: std::ptr::null_mut(),
             nodes: Vec::with_capacity(work.len()),
+            captures: Vec::new(),
             gpu: dev.gpu.clone(),
         };
         for w in work {
@@ -90,7 +100,7 @@ impl GpuGraph {
                 Work::Gemm(call) => {
                     let child = dev.capture_gemm(call)?;
                     // SAFETY: `child` was captured above; the driver clones it into the
-                    // node, so it is destroyed right after.
+                    // node. Kept for patches back to this call (`captures`).
                     let added = unsafe {
                         sys::cuGraphAddChildGraphNode(
                             &mut node,
@@ -101,9 +111,7 @@ impl GpuGraph {
                         )
                         .result()
                     };
-                    unsafe {
-                        let _ = sys::cuGraphDestroy(child);
-                    }
+                    me.captures.push((me.nodes.len(), call.clone(), child));
                     added.map_err(|e| driver_err("graph product node", e))?;
                 }
             }
@@ -144,16 +152,52 @@ impl GpuGraph {
                 Ok(r.is_ok())
             }
             Work::Gemm(call) => {
-                let child = dev.capture_gemm(call)?;
-                // SAFETY: `node` is a child-graph node of this graph; `child` is ours.
-                let r = unsafe {
-                    let r = sys::cuGraphExecChildGraphNodeSetParams(self.exec, node, child);
-                    let _ = sys::cuGraphDestroy(child);
-                    r.result()
+                let kept = self
+                    .captures
+                    .iter()
+                    .position(|(i, c, _)| *i == index && c == call);
+                let child = match kept {
+                    Some(k) => self.captures[k].2,
+                    None => dev.capture_gemm(call)?,
                 };
-                Ok(r.is_ok())
+                // SAFETY: `node` is a child-graph node of this graph; `child` is ours (the
+                // driver copies it into the node).
+                let r = unsafe { sys::cuGraphExecChildGraphNodeSetParams(self.exec, node, child) };
+                if r.result().is_err() {
+                    // Refused (cuBLASLt chose other kernels for new sizes): the executor
+                    // records the program again.
+                    if kept.is_none() {
+                        // SAFETY: captured above, referenced nowhere else.
+                        unsafe {
+                            let _ = sys::cuGraphDestroy(child);
+                        }
+                    }
+                    return Ok(false);
+                }
+                if kept.is_none() {
+                    self.keep_capture(index, call, child);
+                }
+                Ok(true)
             }
         }
+    }
+}
+
+impl GpuGraph {
+    /// Keeps `child`, the capture of `call` patched into item `index`, dropping that item's
+    /// oldest beyond `KEPT_CAPTURES`.
+    fn keep_capture(&mut self, index: usize, call: &GemmCall, child: sys::CUgraph) {
+        let of_item = self.captures.iter().filter(|(i, _, _)| *i == index).count();
+        if of_item >= KEPT_CAPTURES {
+            if let Some(old) = self.captures.iter().position(|(i, _, _)| *i == index) {
+                let (_, _, graph) = self.captures.remove(old);
+                // SAFETY: a capture of ours; the node holds its own copy.
+                unsafe {
+                    let _ = sys::cuGraphDestroy(graph);
+                }
+            }
+        }
+        self.captures.push((index, call.clone(), child));
     }
 }
 
@@ -167,6 +211,9 @@ impl Drop for GpuGraph {
                     let _ = sys::cuGraphExecDestroy(self.exec);
                 }
                 let _ = sys::cuGraphDestroy(self.graph);
+                for &(_, _, graph) in &self.captures {
+                    let _ = sys::cuGraphDestroy(graph);
+                }
             }
         }
     }
