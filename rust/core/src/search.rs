@@ -46,6 +46,11 @@ pub const REFERENCE_TERMS: f64 = 8e9;
 /// Each timing runs a program for at least this long (and at most `MAX_TIMED_RUNS` times).
 const MIN_TIMING: Duration = Duration::from_millis(25);
 const MAX_TIMED_RUNS: usize = 100;
+/// A candidate with a timed run this many times the best time so far cannot win (machine
+/// drift is tens of percent): its timing stops at that run. A hopeless candidate — every
+/// product of a prefill on the one-warp-per-output kernel — would otherwise take its
+/// repeats and `MIN_TIMING` of runs, seconds that a time budget of a few cannot spare.
+const HOPELESS: f64 = 3.0;
 
 #[derive(Clone, Debug)]
 pub struct SearchOptions {
@@ -217,9 +222,9 @@ pub fn optimize(
             backend,
             weights,
             &cand.graph,
-            &cand.description,
-            cand.cost,
+            (&cand.description, cand.cost),
             opts.repeats,
+            best.as_ref().map(|b| b.0),
         );
         let index = report.candidates.len();
         // The first program timed pays for cold caches and first-touch allocations: time
@@ -603,15 +608,16 @@ impl Bench {
         }
     }
 
-    /// Compiles, verifies and times one program.
+    /// Compiles, verifies and times one program (`best`: the best time so far, past which
+    /// a hopeless candidate's timing stops).
     fn measure(
         &self,
         backend: &dyn Backend,
         weights: &Weights,
         graph: &Graph,
-        description: &str,
-        cost: f64,
+        (description, cost): (&str, f64),
         repeats: usize,
+        best: Option<f64>,
     ) -> (CandidateReport, Option<Box<dyn Executable>>) {
         let mut rep = CandidateReport {
             description: description.to_string(),
@@ -647,7 +653,7 @@ impl Bench {
             rep.error = Some(m);
             return (rep, None);
         }
-        match self.time(exe.as_ref(), repeats) {
+        match self.time_bounded(exe.as_ref(), repeats, best.map(|b| b * HOPELESS)) {
             Ok(t) => rep.time_s = Some(t),
             Err(e) => {
                 rep.error = Some(e.to_string());
@@ -693,6 +699,16 @@ impl Bench {
     /// A backend with a device clock (CUDA) times each run there, launched as production
     /// runs are; the others are timed by the host clock around `run`.
     fn time(&self, exe: &dyn Executable, repeats: usize) -> Result<f64> {
+        self.time_bounded(exe, repeats, None)
+    }
+
+    /// `time`, stopping at the first run longer than `bound` (that run's time).
+    fn time_bounded(
+        &self,
+        exe: &dyn Executable,
+        repeats: usize,
+        bound: Option<f64>,
+    ) -> Result<f64> {
         let (inputs, bytes) = self.timed_inputs();
         // SAFETY: the views point into `bytes`, which outlives the call.
         let mut timer = unsafe { exe.device_timer(&views(inputs, bytes))? };
@@ -703,14 +719,18 @@ impl Bench {
         while times.len() < repeats.max(1)
             || (extend && start.elapsed() < MIN_TIMING && times.len() < MAX_TIMED_RUNS)
         {
-            times.push(match timer.as_mut() {
+            let t = match timer.as_mut() {
                 Some(timer) => timer.run()?,
                 None => {
                     let t = Instant::now();
                     run_once(exe, inputs, bytes, &self.out_dtypes)?;
                     t.elapsed().as_secs_f64()
                 }
-            });
+            };
+            if bound.is_some_and(|b| t > b) {
+                return Ok(t);
+            }
+            times.push(t);
         }
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])

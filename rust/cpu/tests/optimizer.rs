@@ -765,3 +765,86 @@ fn a_costly_reference_verifies_at_smaller_symbolic_sizes() {
         done.report
     );
 }
+
+/// The CPU backend, with every program that takes a backend kernel choice made slow:
+/// `SLOW` more per run.
+struct SlowKernels(CpuBackend);
+
+const SLOW: Duration = Duration::from_millis(300);
+
+struct Slowed(Box<dyn ember_core::backend::Executable>);
+
+impl ember_core::backend::Executable for Slowed {
+    fn output_shapes(&self, shapes: &[Vec<usize>]) -> ember_core::Result<Vec<Vec<usize>>> {
+        self.0.output_shapes(shapes)
+    }
+
+    unsafe fn run(
+        &self,
+        inputs: &[ember_core::tensor::TensorView],
+        outputs: &[ember_core::tensor::TensorOut],
+    ) -> ember_core::Result<()> {
+        std::thread::sleep(SLOW);
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.0.run(inputs, outputs) }
+    }
+}
+
+impl Backend for SlowKernels {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn lowering_rules(&self) -> Vec<ember_core::backend::LoweringRule> {
+        self.0.lowering_rules()
+    }
+
+    fn compile(
+        &self,
+        graph: &Graph,
+        weights: &Weights,
+    ) -> ember_core::Result<Box<dyn ember_core::backend::Executable>> {
+        let exe = self.0.compile(graph, weights)?;
+        let chosen = graph
+            .nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::Kernel { .. }));
+        Ok(if chosen { Box::new(Slowed(exe)) } else { exe })
+    }
+}
+
+/// A candidate far slower than the best so far is timed by one run, not by its repeats:
+/// a search must not spend seconds timing what cannot win.
+#[test]
+fn a_hopeless_candidate_is_timed_once() {
+    let backend = SlowKernels(CpuBackend::new(1));
+    let (g, w, _) = mlp(&mut Rng::new(1));
+    let o = optimize(
+        &g,
+        &backend,
+        &w,
+        &SearchOptions {
+            iterations: 3,
+            repeats: 10,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let slow: Vec<_> = o
+        .report
+        .candidates
+        .iter()
+        .filter(|c| c.time_s.is_some_and(|t| t >= SLOW.as_secs_f64()))
+        .collect();
+    assert!(!slow.is_empty(), "no slowed candidate: {:?}", o.report);
+    assert_eq!(o.report.chosen, Some(0), "{:?}", o.report);
+    // Each slowed candidate: its verification run and one timed run (eleven runs without
+    // the bound); everything else takes milliseconds (a second of slack).
+    let most = SLOW.as_secs_f64() * (2 * slow.len()) as f64 + 1.0;
+    assert!(
+        o.report.time_s < most,
+        "{:.2} s: {:?}",
+        o.report.time_s,
+        o.report
+    );
+}
