@@ -14,6 +14,11 @@ EMBER_CPU_AVX512=0 cargo test -p ember-cpu --lib --release --quiet sgemm
 if [ -n "$(${CXX:-c++} -print-file-name=libtsan.so 2>/dev/null | grep /)" ]; then
     ./scripts/emu_sanitize.sh thread launch_sizes mma_attention
 fi
+# The product kernels' 16-byte loads of packed rows under the alignment check: an address
+# x86 forgives and a GPU refuses ("misaligned address", which loses the CUDA context).
+if [ -n "$(${CXX:-c++} -print-file-name=libubsan.so 2>/dev/null | grep /)" ]; then
+    ./scripts/emu_sanitize.sh alignment products -- packed
+fi
 python3 -m ruff check python tests bench
 python3 -m pytest -q -p no:cacheprovider
 # The conv kernels AVX2-only CPUs pick (the AVX-512 ones take these shapes here), and the

@@ -1,7 +1,8 @@
 //! Runs generated CUDA kernels on the host, so that what they compute is tested on machines
 //! without a GPU: the translation unit is compiled by the host C++ compiler with a shim that
 //! maps the CUDA built-ins onto threads (a block's threads run concurrently when the kernel
-//! synchronizes, one after another otherwise), and `gemm` is a plain host loop.
+//! synchronizes, one after another otherwise; blocks one after another, in a scrambled
+//! order, as a GPU keeps none), and `gemm` is a plain host loop.
 //!
 //! This checks indexing, fusion, reductions and the executor; it cannot check what only a
 //! GPU does (cuBLASLt, warp timing, the driver), which the `cuda` tests cover.
@@ -26,6 +27,7 @@ const HOST_SHIM: &str = r#"
 #include <algorithm>
 #include <barrier>
 #include <memory>
+#include <numeric>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,14 +78,30 @@ template <typename... P, std::size_t... I>
 static void ember_call_impl(void (*k)(P...), void** a, std::index_sequence<I...>) { k(*(P*)a[I]...); }
 template <typename... P>
 static void ember_call(void (*k)(P...), void** a) { ember_call_impl(k, a, std::index_sequence_for<P...>{}); }
+// The `i`-th of `n` blocks (or a block's threads that never meet) to run. A GPU runs
+// them in no set order, so the emulator does not run them in index order either: a
+// stride coprime with `n` from the last one (n-1, n-1+s, ... mod n) puts neighbours far
+// apart in both directions, and a kernel whose blocks read what others of the same
+// launch write, or count on who finishes last, computes wrong numbers here as it could
+// on the GPU.
+static unsigned ember_scrambled(unsigned i, unsigned n) {
+    if (n < 2) return i;
+    unsigned long long s = n / 2 + 1;
+    while (std::gcd(s, (unsigned long long)n) != 1) ++s;
+    return (unsigned)((n - 1 + i * s) % n);
+}
 template <typename F>
 static void ember_run(unsigned grid, unsigned block, bool cooperative, F f) {
     gridDim = {grid, 1, 1};
     blockDim = {block, 1, 1};
-    for (unsigned b = 0; b < grid; ++b) {
+    for (unsigned i = 0; i < grid; ++i) {
+        const unsigned b = ember_scrambled(i, grid);
         blockIdx = {b, 0, 0};
         if (!cooperative) {
-            for (unsigned t = 0; t < block; ++t) { threadIdx = {t, 0, 0}; f(); }
+            for (unsigned j = 0; j < block; ++j) {
+                threadIdx = {ember_scrambled(j, block), 0, 0};
+                f();
+            }
             continue;
         }
         std::barrier<> bar(block);
@@ -139,14 +157,18 @@ fn host_source(kp: &KernelProgram) -> String {
     src
 }
 
-/// `EMBER_EMU_SANITIZE=thread` (or `address`): the kernels are compiled with that
-/// sanitizer, to find data races between a block's threads (a missing `__syncthreads` or
-/// `__syncwarp`) or reads and writes outside a buffer. The process must have the
-/// sanitizer's runtime loaded first (`LD_PRELOAD`; `scripts/emu_sanitize.sh` does it).
+/// `EMBER_EMU_SANITIZE=thread` (or `address`, `alignment`): the kernels are compiled with
+/// that sanitizer, to find data races between a block's threads (a missing `__syncthreads`
+/// or `__syncwarp`), reads and writes outside a buffer, or loads and stores at addresses
+/// their type's alignment does not allow (a 16-byte `ember_pack` load at an address
+/// that is not a multiple of 16: x86 forgives it, a GPU stops with "misaligned address").
+/// The process must have the sanitizer's runtime loaded first (`LD_PRELOAD`;
+/// `scripts/emu_sanitize.sh` does it).
 fn sanitizer() -> Option<&'static str> {
     match std::env::var("EMBER_EMU_SANITIZE").as_deref() {
         Ok("thread") => Some("thread"),
         Ok("address") => Some("address"),
+        Ok("alignment") => Some("alignment"),
         _ => None,
     }
 }
