@@ -173,6 +173,25 @@ def _run_stats(label: str) -> str:
     return f"; {len(programs)} program(s)" + (f", per run: {per_run}" if per_run else "")
 
 
+def _search_summary(label: str) -> str:
+    """What the measured search of the runner's programs chose, and what it timed (µs):
+    `; search: chose <change> | <candidate> <µs>, ...` (or the choice the compile cache
+    held); empty where the optimizer did not run."""
+    parts = []
+    for p in _PROGRAMS.get(label, []):
+        report = p.report()
+        if report.chosen is None or not report.candidates:
+            continue
+        chosen = report.candidates[report.chosen].description[:80]
+        timed = [c for c in report.candidates if c.time_s is not None]
+        if report.cache_hit:
+            parts.append(f"chose {chosen} (from the compile cache)")
+        elif timed:
+            times = ", ".join(f"{c.description[:60]} {c.time_s * 1e6:.0f}" for c in timed)
+            parts.append(f"chose {chosen} | {times}")
+    return "; search: " + "; ".join(parts) if parts else ""
+
+
 def _measure(
     row: dict[str, Any], label: str, call: Callable[[], Any], want: torch.Tensor, timer: Timer
 ) -> bool:
@@ -192,7 +211,8 @@ def _measure(
         # A progress line per runner: a run cut short by its time limit still shows these.
         print(
             f"  {label}: {row[label]:.3f} ms (first call {first_s:.1f} s), "
-            f"max abs err {row[f'{label}_max_abs_err']:.3g}{_run_stats(label)}",
+            f"max abs err {row[f'{label}_max_abs_err']:.3g}{_run_stats(label)}"
+            f"{_search_summary(label)}",
             flush=True,
         )
         return True
@@ -333,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in row.items():
                 if k.endswith("_error") or k.endswith("_max_abs_err"):
                     print(f"  {part} {row.get('length', row.get('prompt'))} {k}: {v}")
-    ok = all(row.get("ember") is not None for row in result["decode"] + result["prefill"])
+    # Failed where an Ember runner asked for failed (others' failures are their own).
+    ember_runners = [r for r in runners if r.startswith("ember")]
+    rows = result["decode"] + result["prefill"]
+    ok = all(row.get(r) is not None for row in rows for r in ember_runners)
     return 0 if ok else 1
 
 
