@@ -18,11 +18,12 @@ pub struct GpuGraph {
     exec: sys::CUgraphExec,
     /// The node of each work item, in order.
     nodes: Vec<sys::CUgraphNode>,
-    /// Products captured by patches, by work item and call, the newest last: a loop whose
-    /// outputs come from torch's allocator writes to a few addresses in turn (this call's
-    /// logits where the last call's were freed), and a product patched back to a call it
-    /// served before takes its capture again instead of capturing anew (a cuBLASLt call
-    /// and a stream capture on the host, per call). At most `KEPT_CAPTURES` per item.
+    /// Products captured (by the recording and by patches), by work item and call, the
+    /// newest last: a loop whose outputs come from torch's allocator writes to a few
+    /// addresses in turn (this call's logits where the last call's were freed), and a
+    /// product patched back to a call it served before takes its capture again instead of
+    /// capturing anew (a cuBLASLt call and a stream capture on the host, per call). At
+    /// most `KEPT_CAPTURES` per item.
     captures: Vec<(usize, GemmCall, sys::CUgraph)>,
     gpu: Arc<Gpu>,
 }
