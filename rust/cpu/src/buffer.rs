@@ -214,10 +214,9 @@ impl Val {
 
     /// The contiguous elements as a slice (copying first if needed).
     pub fn to_vec<T: Copy>(&self) -> KResult<Vec<T>> {
-        let v = self.view::<T>()?;
-        let mut out = Vec::with_capacity(self.numel());
-        crate::strided::for_each(&v, |x| out.push(x));
-        Ok(out)
+        // Through `contiguous`, which copies a transposed layout by tiles.
+        let v = self.contiguous()?.view::<T>()?;
+        Ok(v.run(0, v.numel()).to_vec())
     }
 }
 

@@ -90,10 +90,10 @@ pub struct Program {
     plans: Mutex<HashMap<Vec<Vec<usize>>, Arc<Plan>>>,
 }
 
-/// A transposed weight (what `linear` feeds `dot`) is copied once, here, into contiguous
-/// memory: GEMM on a contiguous right-hand side is markedly faster for the skinny shapes of
-/// inference (measured 1.4–1.9× for M ≤ 64), and the copy is paid once per compile.
-fn prepack_permuted_weight(
+/// A permuted weight (what `linear` feeds `dot`), bound as a view of the weight; products
+/// that pack it read it so, and `copy_weights_read_unpacked` copies it contiguous for any
+/// other reader.
+fn permuted_weight(
     graph: &Graph,
     node: &ember_core::ir::Node,
     perm: &[usize],
@@ -104,8 +104,45 @@ fn prepack_permuted_weight(
     };
     let is_weight = matches!(graph.nodes[src].op, Op::Weight { .. } | Op::Constant(_));
     match (&bound[src], is_weight) {
-        (Some(w), true) => Ok(Some(permute(w, perm)?.contiguous()?)),
+        (Some(w), true) => Ok(Some(permute(w, perm)?)),
         _ => Ok(None),
+    }
+}
+
+/// Right operands packed by a backend's compiles, by the address and layout they were
+/// packed from: the measured search compiles one program per candidate, all binding the
+/// same weights, and each would otherwise pack every `linear` weight again (a copy as large
+/// as the weights, seconds for a billion parameters). An entry holds its source value, so
+/// that address cannot be reused by another value while the entry exists.
+#[derive(Default)]
+pub struct PackedWeights(Mutex<HashMap<PackKey, (Val, Packed)>>);
+
+/// Address, rows, columns and strides of a packed right operand's source.
+type PackKey = (usize, usize, usize, isize, isize);
+
+impl PackedWeights {
+    fn right(&self, w: &Val) -> crate::error::KResult<Packed> {
+        let v = w.view::<f32>()?;
+        let key = (
+            v.ptr as usize,
+            v.shape[0],
+            v.shape[1],
+            v.strides[0],
+            v.strides[1],
+        );
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, packed)) = map.get(&key) {
+            return Ok(packed.clone());
+        }
+        let src = sgemm::Strided {
+            ptr: v.ptr,
+            rs: v.strides[0],
+            cs: v.strides[1],
+        };
+        // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
+        let packed = unsafe { Packed::b(v.shape[0], v.shape[1], src) };
+        map.insert(key, (w.clone(), packed.clone()));
+        Ok(packed)
     }
 }
 
@@ -115,6 +152,7 @@ fn pack_weight_operands(
     graph: &Graph,
     node: &ember_core::ir::Node,
     bound: &[Option<Val>],
+    packs: &PackedWeights,
 ) -> crate::error::KResult<Vec<Packed>> {
     if node.ty.dtype != DType::F32 || !sgemm::available() {
         return Ok(Vec::new());
@@ -130,15 +168,7 @@ fn pack_weight_operands(
     }
     let v = w.view::<f32>()?;
     match &node.op {
-        Op::Dot if v.shape.len() == 2 => {
-            let src = sgemm::Strided {
-                ptr: v.ptr,
-                rs: v.strides[0],
-                cs: v.strides[1],
-            };
-            // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
-            Ok(vec![unsafe { Packed::b(v.shape[0], v.shape[1], src) }])
-        }
+        Op::Dot if v.shape.len() == 2 => Ok(vec![packs.right(w)?]),
         Op::Conv {
             stride,
             padding,
@@ -239,39 +269,40 @@ fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
         .collect()
 }
 
-/// A permuted weight copied contiguous at compile time (`prepack_permuted_weight`) that only
-/// packed products read (as their prepared right operand) is never read at run time: it
-/// becomes a view of the weight again, so the program does not hold a third copy of every
-/// `linear` weight.
-fn drop_unread_weight_copies(
+/// A permuted weight (`permuted_weight`) that some node reads other than as a packed
+/// product's prepared right operand is copied contiguous, once, here: GEMM on a contiguous
+/// right-hand side is markedly faster for the skinny shapes of inference (measured 1.4–1.9×
+/// for M ≤ 64). One only packed products read stays a view: the program holds no third copy
+/// of a `linear` weight, and compiling makes none (the packing reads the weight in place).
+fn copy_weights_read_unpacked(
     graph: &Graph,
     packed: &[Vec<Packed>],
     packed_integer: &[Option<PreparedRight>],
     bound: &mut [Option<Val>],
 ) -> crate::error::KResult<()> {
     for (id, node) in graph.nodes.iter().enumerate() {
-        let perm = match &node.op {
-            Op::Permute { perm } => perm,
-            Op::Kernel { name, base } if name == KERNEL_PACKED => match base.as_ref() {
-                Op::Permute { perm } => perm,
-                _ => continue,
-            },
-            _ => continue,
+        let is_permute = match &node.op {
+            Op::Permute { .. } => true,
+            Op::Kernel { name, base } => {
+                name == KERNEL_PACKED && matches!(base.as_ref(), Op::Permute { .. })
+            }
+            _ => false,
         };
         let Some(&src) = node.inputs.first() else {
             continue;
         };
-        if bound[id].is_none() || bound[src].is_none() || graph.outputs.contains(&id) {
+        if !is_permute || bound[id].is_none() || bound[src].is_none() {
             continue;
         }
-        let only_packed_readers = graph.nodes.iter().enumerate().all(|(u, user)| {
-            let right_only = user.inputs.len() == 2 && user.inputs[0] != id;
-            !user.inputs.contains(&id)
-                || (user.op == Op::Dot && right_only && packed[u].len() == 1)
-                || (user.op == Op::IntegerDot && right_only && packed_integer[u].is_some())
-        });
-        if only_packed_readers {
-            bound[id] = bound[src].as_ref().map(|w| permute(w, perm)).transpose()?;
+        let only_packed_readers = !graph.outputs.contains(&id)
+            && graph.nodes.iter().enumerate().all(|(u, user)| {
+                let right_only = user.inputs.len() == 2 && user.inputs[0] != id;
+                !user.inputs.contains(&id)
+                    || (user.op == Op::Dot && right_only && packed[u].len() == 1)
+                    || (user.op == Op::IntegerDot && right_only && packed_integer[u].is_some())
+            });
+        if !only_packed_readers {
+            bound[id] = bound[id].as_ref().map(Val::contiguous).transpose()?;
         }
     }
     Ok(())
@@ -286,7 +317,13 @@ fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Erro
 }
 
 impl Program {
-    pub fn new(graph: &Graph, weights: &Weights, fuse: bool) -> Result<Program> {
+    /// The program of `graph`, its weights' packed copies taken from (and added to) `packs`.
+    pub fn new(
+        graph: &Graph,
+        weights: &Weights,
+        fuse: bool,
+        packs: &PackedWeights,
+    ) -> Result<Program> {
         let rewritten = crate::grouped_attention::read_shared_heads(graph)?;
         let graph = crate::fold::fold_weights(rewritten.as_ref().unwrap_or(graph), weights);
         let mut bound = Vec::with_capacity(graph.nodes.len());
@@ -325,11 +362,12 @@ impl Program {
                 Op::Full { value } => {
                     Some(scalar(dtype, *value).map_err(|e| compile_err(node, e))?)
                 }
-                Op::Permute { perm } => prepack_permuted_weight(&graph, node, perm, &bound)
-                    .map_err(|e| compile_err(node, e))?,
+                Op::Permute { perm } => {
+                    permuted_weight(&graph, node, perm, &bound).map_err(|e| compile_err(node, e))?
+                }
                 Op::Kernel { name, base } => match (name.as_str(), base.as_ref()) {
                     (KERNEL_PACKED, Op::Permute { perm }) => {
-                        prepack_permuted_weight(&graph, node, perm, &bound)
+                        permuted_weight(&graph, node, perm, &bound)
                             .map_err(|e| compile_err(node, e))?
                     }
                     (KERNEL_ROWWISE, Op::Dot) if dtype == DType::F32 => None,
@@ -363,7 +401,7 @@ impl Program {
                 .flatten();
             let packs = match shared.and_then(|w| packed_by_weight.get(w)) {
                 Some(p) => p.clone(),
-                None => pack_weight_operands(&graph, node, &bound)
+                None => pack_weight_operands(&graph, node, &bound, packs)
                     .map_err(|e| Error::Compile(e.to_string()))?,
             };
             if let (Some(&w), false) = (shared, packs.is_empty()) {
@@ -377,7 +415,7 @@ impl Program {
             .map(|node| pack_integer_operand(&graph, node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
-        drop_unread_weight_copies(&graph, &packed, &packed_integer, &mut bound)
+        copy_weights_read_unpacked(&graph, &packed, &packed_integer, &mut bound)
             .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
         let reads: Vec<Vec<usize>> = (0..graph.nodes.len())
@@ -504,8 +542,8 @@ mod tests {
         TensorType::new(DType::F32, shape.iter().map(|&d| Dim::from(d)).collect())
     }
 
-    /// `x @ wᵀ` (a `linear`): the weight is packed once and the transposed copy made for the
-    /// `gemm` crate is not kept (the permute is a view of the weight again).
+    /// `x @ wᵀ` (a `linear`): the weight is packed once, from the weight itself, and no
+    /// transposed copy is made (the permute stays a view of the weight).
     #[test]
     fn a_packed_linear_weight_keeps_no_transposed_copy() {
         if !sgemm::available() {
@@ -528,7 +566,7 @@ mod tests {
             "w".into(),
             HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
         );
-        let prog = Program::new(&g, &weights, true).unwrap();
+        let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
         assert_eq!(prog.packed[y].len(), 1, "the weight operand is packed");
         let view = prog.bound[wt].as_ref().expect("the permute stays bound");
         assert_eq!(
@@ -536,6 +574,37 @@ mod tests {
             vec![1, k as isize],
             "a view, not a contiguous copy"
         );
+    }
+
+    /// A permuted weight that a node other than a packed product reads (here the graph's
+    /// output) is copied contiguous once, at compile time.
+    #[test]
+    fn a_permuted_weight_read_unpacked_is_copied_contiguous() {
+        let (k, n) = (9, 10);
+        let mut g = Graph::new();
+        let x = g
+            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .unwrap();
+        let w = g
+            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
+            .unwrap();
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
+        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+        g.outputs = vec![y, wt];
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let mut weights = Weights::new();
+        weights.insert(
+            "w".into(),
+            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
+        );
+        let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+        let copy = prog.bound[wt].as_ref().expect("the permute stays bound");
+        assert!(copy.layout.is_contiguous(), "{:?}", copy.layout);
+        let got = copy.to_vec::<f32>().unwrap();
+        let want: Vec<f32> = (0..k)
+            .flat_map(|i| (0..n).map(move |j| (j * k + i) as f32))
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// A direction of stacked weights (`w[1]`, as an LSTM's `[dirs, 4H, I]`), reshaped and
@@ -577,7 +646,7 @@ mod tests {
             "w".into(),
             HostTensor::owned(DType::F32, vec![2, n, k], bytes).unwrap(),
         );
-        let prog = Program::new(&g, &weights, true).unwrap();
+        let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
         let dot = prog.graph.outputs[0];
         assert_eq!(prog.packed[dot].len(), 1, "the weight operand is packed");
         let xs: Vec<f32> = (0..2 * k).map(|i| i as f32 - 4.0).collect();
@@ -635,10 +704,42 @@ mod tests {
             "w".into(),
             HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
         );
-        let prog = Program::new(&g, &weights, false).unwrap();
+        let prog = Program::new(&g, &weights, false, &PackedWeights::default()).unwrap();
         let (a, b) = (&prog.packed[y1], &prog.packed[y2]);
         assert_eq!((a.len(), b.len()), (1, 1), "both operands packed");
         assert!(a[0].shares_panels_with(&b[0]), "one copy");
+    }
+
+    /// Programs compiled with one `PackedWeights` (the search's candidates) share a weight's
+    /// packed copy instead of packing it again.
+    #[test]
+    fn compiles_sharing_packs_pack_a_weight_once() {
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (5, 3);
+        let mut g = Graph::new();
+        let x = g
+            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .unwrap();
+        let w = g
+            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
+            .unwrap();
+        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
+        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+        g.outputs = vec![y];
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let mut weights = Weights::new();
+        weights.insert(
+            "w".into(),
+            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
+        );
+        let packs = PackedWeights::default();
+        let first = Program::new(&g, &weights, true, &packs).unwrap();
+        let second = Program::new(&g, &weights, false, &packs).unwrap();
+        let alone = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+        assert!(first.packed[y][0].shares_panels_with(&second.packed[y][0]));
+        assert!(!first.packed[y][0].shares_panels_with(&alone.packed[y][0]));
     }
 
     /// Sources and views of them are made once per plan (`Plan::fixed`) and skipped by the
@@ -689,7 +790,7 @@ mod tests {
         let y = g.add(Op::Binary(BinaryOp::Mul), &[x, e], "y").unwrap();
         let z = g.add(Op::Binary(BinaryOp::Add), &[y, x], "z").unwrap();
         g.outputs = vec![z, e];
-        let prog = Program::new(&g, &Weights::new(), true).unwrap();
+        let prog = Program::new(&g, &Weights::new(), true, &PackedWeights::default()).unwrap();
         let plan = prog.plan(&[vec![2, 3]]).unwrap();
         let fixed: Vec<bool> = plan.fixed.iter().map(Option::is_some).collect();
         assert_eq!(fixed, [false, true, true, true, false, false]);

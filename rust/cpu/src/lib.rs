@@ -49,6 +49,8 @@ pub struct CpuBackend {
     fuse: bool,
     pool: Arc<rayon::ThreadPool>,
     helpers: Arc<par::Helpers>,
+    /// Weights packed by this backend's compiles (the search's candidates share them).
+    packs: compile::PackedWeights,
 }
 
 impl CpuBackend {
@@ -66,6 +68,7 @@ impl CpuBackend {
             fuse,
             pool: Arc::new(pool),
             helpers: par::Helpers::for_threads(num_threads),
+            packs: compile::PackedWeights::default(),
         }
     }
 
@@ -96,8 +99,12 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
+        // In the pool: packing weights (and copying transposed ones) runs on its threads.
+        let program = self
+            .pool
+            .install(|| Program::new(graph, weights, self.fuse, &self.packs))?;
         Ok(Box::new(CpuExecutable {
-            program: Program::new(graph, weights, self.fuse)?,
+            program,
             pool: self.pool.clone(),
             helpers: self.helpers.clone(),
             threads: self.num_threads,

@@ -111,6 +111,9 @@ fn chunked<B: Send>(out: &mut [B], body: impl Fn(usize, &mut [B]) + Sync) {
 /// `out[i] = f(x[i])` over x's shape in row-major order (out is contiguous).
 pub fn map1<A: Copy, B: Copy + Send>(x: &View<A>, out: &mut [B], f: impl Fn(A) -> B + Sync) {
     let (shape, st) = coalesce(&x.shape, [&x.strides]);
+    if is_transpose(&shape, &st[0]) {
+        return map1_tiles(x, &shape, &st[0], out, f);
+    }
     chunked(out, |start, o| {
         for_runs(&shape, &st, start, start + o.len(), |lin, [ox], len| {
             let dst = &mut o[lin - start..lin - start + len];
@@ -124,6 +127,68 @@ pub fn map1<A: Copy, B: Copy + Send>(x: &View<A>, out: &mut [B], f: impl Fn(A) -
             }
         })
     });
+}
+
+/// Tiles of a transposed walk are `TILE`×`TILE` elements: the source lines a tile reads
+/// (`TILE` of them, 64 elements each) stay in L1 while its rows are written.
+const TILE: usize = 64;
+
+/// Whether a walk over `shape` reads a transpose: the innermost dim strided, the one before
+/// it unit-stride (a `linear` weight's `[N, K]` read as `[K, N]`). Walked element by
+/// element, each read would touch a new cache line (and, for a large weight, a new page).
+fn is_transpose(shape: &[usize], strides: &[isize]) -> bool {
+    let r = shape.len();
+    r >= 2
+        && strides[r - 2] == 1
+        && !matches!(strides[r - 1], 0 | 1)
+        && shape[r - 1] >= 8
+        && shape[r - 2] >= 8
+}
+
+/// `map1` over a transposed walk (`is_transpose`), by tiles: bands of `TILE` output rows
+/// (rows of the last dim, across the leading dims), each band's columns `TILE` at a time.
+fn map1_tiles<A: Copy, B: Copy + Send>(
+    x: &View<A>,
+    shape: &[usize],
+    strides: &[isize],
+    out: &mut [B],
+    f: impl Fn(A) -> B + Sync,
+) {
+    let r = shape.len();
+    let (cols, col_stride) = (shape[r - 1], strides[r - 1]);
+    let rows = out.len() / cols;
+    // Source offset of each output row: its leading index's offset plus its row (stride 1).
+    let row_offsets = |first: usize, n: usize| -> Vec<isize> {
+        let lead = [strides[..r - 1].to_vec()];
+        let mut offs = Vec::with_capacity(n);
+        for_runs(&shape[..r - 1], &lead, first, first + n, |_, [o], len| {
+            offs.extend((0..len as isize).map(|i| o + i));
+        });
+        offs
+    };
+    let band = |start: usize, o: &mut [B]| {
+        let first = start / cols;
+        let offs = row_offsets(first, o.len() / cols);
+        for c0 in (0..cols).step_by(TILE) {
+            let c1 = (c0 + TILE).min(cols);
+            for (row, &base) in offs.iter().enumerate() {
+                let dst = &mut o[row * cols + c0..row * cols + c1];
+                let mut at = base + c0 as isize * col_stride;
+                for d in dst {
+                    *d = f(x.at(at));
+                    at += col_stride;
+                }
+            }
+        }
+    };
+    let band_len = TILE * cols;
+    if out.len() < PAR_MIN || rows <= TILE {
+        for (i, o) in out.chunks_mut(band_len).enumerate() {
+            band(i * band_len, o);
+        }
+    } else {
+        par::for_chunks_mut(out, band_len, band);
+    }
 }
 
 /// As `map1` with a kernel over whole slices: `f(xs, outs)` maps each unit-stride run of x
@@ -215,18 +280,6 @@ pub fn map3<A: Copy, B: Copy, C: Copy, D: Copy + Send>(
     });
 }
 
-/// Visits x's elements in row-major order.
-pub fn for_each<A: Copy>(x: &View<A>, mut f: impl FnMut(A)) {
-    let (shape, st) = coalesce(&x.shape, [&x.strides]);
-    let n = x.numel();
-    for_runs(&shape, &st, 0, n, |_, [ox], len| {
-        let s = st[0].last().copied().unwrap_or(1);
-        for i in 0..len {
-            f(x.at(ox + i as isize * s));
-        }
-    });
-}
-
 /// Copies `src` into the region of `dst` that starts at `dst_offset` and has src's shape with
 /// `dst_strides`. The region must lie inside `dst` (checked).
 pub fn copy_into<T: Copy>(src: &View<T>, dst: &mut [T], dst_offset: usize, dst_strides: &[isize]) {
@@ -264,4 +317,53 @@ pub fn batch_offsets<const N: usize>(shape: &[usize], strides: [&[isize]; N]) ->
         }
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::buffer::Val;
+    use crate::kernels::movement::permute;
+    use ember_core::dtype::DType;
+
+    /// `shape` filled with 0, 1, 2, … (as f32).
+    fn counting(shape: &[usize]) -> Val {
+        Val::build::<f32>(DType::F32, shape, |out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = i as f32;
+            }
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    /// Transposes copied by tiles (`map1_tiles`) hold what element-by-element indexing
+    /// reads: bands crossing leading dims, edges of partial tiles, bands split in chunks.
+    #[test]
+    fn a_transposed_copy_by_tiles_matches_indexing() {
+        for (shape, perm) in [
+            (vec![9, 8], vec![1, 0]),
+            (vec![257, 300], vec![1, 0]),
+            (vec![3, 70, 130], vec![0, 2, 1]),
+            (vec![5, 67, 3, 11], vec![3, 1, 2, 0]),
+            (vec![2, 64, 65], vec![1, 2, 0]),
+        ] {
+            let x = counting(&shape);
+            let t = permute(&x, &perm).unwrap();
+            let got = t.to_vec::<f32>().unwrap();
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let strides = crate::buffer::Layout::contiguous(&shape).strides;
+            let mut idx = vec![0usize; out_shape.len()];
+            for (lin, g) in got.iter().enumerate() {
+                let mut rem = lin;
+                for d in (0..out_shape.len()).rev() {
+                    idx[d] = rem % out_shape[d];
+                    rem /= out_shape[d];
+                }
+                let src: isize = (0..idx.len())
+                    .map(|d| idx[d] as isize * strides[perm[d]])
+                    .sum();
+                assert_eq!(*g, src as f32, "{shape:?} by {perm:?} at {lin}");
+            }
+        }
+    }
 }

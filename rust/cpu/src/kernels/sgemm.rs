@@ -95,7 +95,7 @@ impl Packed {
     pub unsafe fn a(rows: usize, cols: usize, src: Strided) -> Packed {
         let mut data = vec![0.0; rows.div_ceil(MR) * MR * cols];
         // SAFETY: by the contract; `data` has room for every panel.
-        unsafe { pack_a(&mut data, rows, cols, src, 1) };
+        unsafe { pack_a(&mut data, rows, cols, src, par::threads()) };
         let data = std::sync::Arc::new(data);
         Packed {
             rows,
@@ -112,7 +112,7 @@ impl Packed {
     pub unsafe fn b(rows: usize, cols: usize, src: Strided) -> Packed {
         let mut data = vec![0.0; cols.div_ceil(NR) * NR * rows];
         // SAFETY: by the contract; `data` has room for every panel.
-        unsafe { pack_b(&mut data, rows, cols, src, 1) };
+        unsafe { pack_b(&mut data, rows, cols, src, par::threads()) };
         let data = std::sync::Arc::new(data);
         Packed {
             rows,
@@ -290,15 +290,18 @@ unsafe fn pack_b_panel(out: *mut f32, src: Strided, k0: usize, kc: usize, c0: us
                 }
             }
         } else {
-            for c in 0..NR {
-                if c >= live {
-                    for p in 0..kc {
-                        *out.add(p * NR + c) = 0.0;
+            // A transposed weight (`rs` = 1) is read down its columns; `STEPS` rows at a
+            // time, so the panel lines being written stay in L1 across the `NR` columns.
+            const STEPS: usize = 128;
+            for p0 in (0..kc).step_by(STEPS) {
+                let p1 = (p0 + STEPS).min(kc);
+                for c in 0..NR {
+                    for p in p0..p1 {
+                        *out.add(p * NR + c) = match c < live {
+                            true => *src.at(k0 + p, c0 + c),
+                            false => 0.0,
+                        };
                     }
-                    continue;
-                }
-                for p in 0..kc {
-                    *out.add(p * NR + c) = *src.at(k0 + p, c0 + c);
                 }
             }
         }
