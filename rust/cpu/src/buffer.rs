@@ -213,10 +213,19 @@ impl Val {
     }
 
     /// The contiguous elements as a slice (copying first if needed).
-    pub fn to_vec<T: Copy>(&self) -> KResult<Vec<T>> {
-        // Through `contiguous`, which copies a transposed layout by tiles.
-        let v = self.contiguous()?.view::<T>()?;
-        Ok(v.run(0, v.numel()).to_vec())
+    pub fn to_vec<T: Copy + Send>(&self) -> KResult<Vec<T>> {
+        let v = self.view::<T>()?;
+        let n = v.numel();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if self.layout.is_contiguous() {
+            return Ok(v.run(0, n).to_vec());
+        }
+        // Every element overwritten by `map1` (which copies a transposed layout by tiles).
+        let mut out = vec![v.at(0); n];
+        crate::strided::map1(&v, &mut out, |x| x);
+        Ok(out)
     }
 }
 

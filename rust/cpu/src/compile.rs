@@ -288,10 +288,8 @@ fn copy_weights_read_unpacked(
             }
             _ => false,
         };
-        let Some(&src) = node.inputs.first() else {
-            continue;
-        };
-        if !is_permute || bound[id].is_none() || bound[src].is_none() {
+        // Bound only where it permutes a bound weight (`permuted_weight`).
+        if !is_permute || bound[id].is_none() {
             continue;
         }
         let only_packed_readers = !graph.outputs.contains(&id)
@@ -542,14 +540,9 @@ mod tests {
         TensorType::new(DType::F32, shape.iter().map(|&d| Dim::from(d)).collect())
     }
 
-    /// `x @ wᵀ` (a `linear`): the weight is packed once, from the weight itself, and no
-    /// transposed copy is made (the permute stays a view of the weight).
-    #[test]
-    fn a_packed_linear_weight_keeps_no_transposed_copy() {
-        if !sgemm::available() {
-            return;
-        }
-        let (k, n) = (5, 3);
+    /// `y = x @ wᵀ` (a `linear`, `x` [2, k], `w` [n, k] holding 0, 1, 2, …): the graph, its
+    /// weights, and the nodes of `wᵀ` and `y`.
+    fn linear(k: usize, n: usize) -> (Graph, Weights, usize, usize) {
         let mut g = Graph::new();
         let x = g
             .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
@@ -566,6 +559,18 @@ mod tests {
             "w".into(),
             HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
         );
+        (g, weights, wt, y)
+    }
+
+    /// `x @ wᵀ` (a `linear`): the weight is packed once, from the weight itself, and no
+    /// transposed copy is made (the permute stays a view of the weight).
+    #[test]
+    fn a_packed_linear_weight_keeps_no_transposed_copy() {
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (5, 3);
+        let (g, weights, wt, y) = linear(k, n);
         let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
         assert_eq!(prog.packed[y].len(), 1, "the weight operand is packed");
         let view = prog.bound[wt].as_ref().expect("the permute stays bound");
@@ -581,22 +586,8 @@ mod tests {
     #[test]
     fn a_permuted_weight_read_unpacked_is_copied_contiguous() {
         let (k, n) = (9, 10);
-        let mut g = Graph::new();
-        let x = g
-            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
-            .unwrap();
-        let w = g
-            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
-            .unwrap();
-        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
-        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+        let (mut g, weights, wt, y) = linear(k, n);
         g.outputs = vec![y, wt];
-        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
-        let mut weights = Weights::new();
-        weights.insert(
-            "w".into(),
-            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
-        );
         let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
         let copy = prog.bound[wt].as_ref().expect("the permute stays bound");
         assert!(copy.layout.is_contiguous(), "{:?}", copy.layout);
@@ -718,22 +709,7 @@ mod tests {
             return;
         }
         let (k, n) = (5, 3);
-        let mut g = Graph::new();
-        let x = g
-            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
-            .unwrap();
-        let w = g
-            .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
-            .unwrap();
-        let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
-        let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
-        g.outputs = vec![y];
-        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
-        let mut weights = Weights::new();
-        weights.insert(
-            "w".into(),
-            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
-        );
+        let (g, weights, _, y) = linear(k, n);
         let packs = PackedWeights::default();
         let first = Program::new(&g, &weights, true, &packs).unwrap();
         let second = Program::new(&g, &weights, false, &packs).unwrap();
