@@ -154,6 +154,37 @@ def test_linear_on_a_transposed_input(backend):
     check(lambda x: layer(x.t()), [rand(300, 7)], backend, rtol=1e-5, atol=1e-4)
 
 
+def test_one_row_products(backend):
+    """The matrix-vector products of one-token decode, which the CPU computes by streaming
+    the weight's rows unpacked: a `linear` with bias and GELU (threads split its 333
+    outputs), tile edges (4 rows at a time), a one-row input whose K is strided, and a
+    batched q·kᵀ."""
+    layer = torch.nn.Linear(300, 333)
+    w = rand(7, 45)
+
+    def fn(x, y, q, k):
+        return (
+            F.gelu(layer(x)),
+            F.linear(y[:, ::2], w),
+            q @ k.transpose(-1, -2),
+        )
+
+    args = [rand(1, 300), rand(1, 90), rand(2, 4, 1, 32), rand(2, 4, 9, 32)]
+    check(fn, args, backend, rtol=1e-5, atol=1e-4)
+
+
+def test_one_row_linear_sees_in_place_weight_updates(backend):
+    # The weight of a one-row product is read where it lives, not from a packed copy.
+    opts = host_options(backend)
+    layer = torch.nn.Linear(64, 24).eval()
+    x = rand(1, 64)
+    compiled = torch.compile(layer, backend="ember", options=opts)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+        layer.weight.mul_(-2.0)
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
 def test_linear_sees_in_place_weight_updates(backend):
     opts = host_options(backend)
     layer = torch.nn.Linear(40, 24).eval()

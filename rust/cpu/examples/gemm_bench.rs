@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
-use ember_cpu::internals::{gemm_into, with_helpers, Helpers, Mat};
+use ember_cpu::internals::{gemm_into, rows_dot_parallel, with_helpers, Helpers, Mat};
 
 fn median_us(mut f: impl FnMut()) -> f64 {
     for _ in 0..20 {
@@ -52,9 +52,13 @@ fn main() {
         (64, 64, 32, "attention qk"),
         (64, 3136, 576, "conv 3x3 64ch 56x56"),
         (4, 1024, 256, "LSTM step"),
+        (1, 2048, 2048, "1B decode qo"),
+        (1, 8192, 2048, "1B decode gate"),
+        (1, 2048, 8192, "1B decode down"),
+        (1, 32000, 2048, "1B decode lm head"),
     ];
-    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | row-wise µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for threads in [1usize, 2] {
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -126,8 +130,21 @@ fn main() {
                 })
             });
             let gflops = 2.0 * (m * n * k) as f64 / packed_us / 1e3;
+            // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
+            // `linear` weight is stored) streamed once.
+            let rowwise = if m == 1 {
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                let us = median_us(|| {
+                    with_helpers(&helpers, threads, || {
+                        rows_dot_parallel(&a, &bt, k, &mut c, threads)
+                    })
+                });
+                format!("{us:.1}")
+            } else {
+                "—".to_string()
+            };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {packed_us:.1} | {gflops:.1} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {packed_us:.1} | {gflops:.1} | {rowwise} |"
             );
         }
     }

@@ -78,8 +78,9 @@ pub struct Program {
     /// The last node reading each value; `usize::MAX` for graph outputs.
     pub last_use: Vec<usize>,
     /// Weights packed into `sgemm` panels, once, here (see `kernels::sgemm`), per node: for a
-    /// `Dot` whose right operand is a 2-D f32 weight, that operand; for an f32 `Conv` with a
-    /// weight, one left operand per group. Empty elsewhere.
+    /// `Dot` whose right operand is a 2-D f32 weight, that operand (unless the product has
+    /// one row and reads the weight K-contiguous: `dot::takes_rowwise`); for an f32 `Conv`
+    /// with a weight, one left operand per group. Empty elsewhere.
     pub packed: Vec<Vec<Packed>>,
     /// The right operand of each `IntegerDot` whose 2-D right operand is known at compile
     /// time, prepared once for the kernel this CPU runs (`kernels::integer_dot`); `None`
@@ -168,6 +169,11 @@ fn pack_weight_operands(
     }
     let v = w.view::<f32>()?;
     match &node.op {
+        // One-row products of a K-contiguous weight stream it row-wise unpacked
+        // (`dot::takes_rowwise`): a packed copy would double its memory and be no faster.
+        Op::Dot if v.shape.len() == 2 && v.strides[0] == 1 && single_row(&graph.nodes[x]) => {
+            Ok(Vec::new())
+        }
         Op::Dot if v.shape.len() == 2 => Ok(vec![packs.right(w)?]),
         Op::Conv {
             stride,
@@ -258,6 +264,12 @@ fn pack_integer_operand(
     PreparedRight::new(&bytes, (k, n), w.dtype, graph.nodes[*x].ty.dtype).map(Some)
 }
 
+/// Whether a product's left operand is known to have one row (`[1, K]`).
+fn single_row(left: &ember_core::ir::Node) -> bool {
+    let shape = &left.ty.shape;
+    shape.len() == 2 && shape[0].as_const() == Some(1)
+}
+
 /// A shape whose dims are all constants.
 fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
     shape
@@ -272,8 +284,9 @@ fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
 /// A permuted weight (`permuted_weight`) that some node reads other than as a packed
 /// product's prepared right operand is copied contiguous, once, here: GEMM on a contiguous
 /// right-hand side is markedly faster for the skinny shapes of inference (measured 1.4–1.9×
-/// for M ≤ 64). One only packed products read stays a view: the program holds no third copy
-/// of a `linear` weight, and compiling makes none (the packing reads the weight in place).
+/// for M ≤ 64). One only packed and row-wise products (one-row products among them) read
+/// stays a view: the program holds no third copy of a `linear` weight, and compiling makes
+/// none (the packing reads the weight in place).
 fn copy_weights_read_unpacked(
     graph: &Graph,
     packed: &[Vec<Packed>],
@@ -296,7 +309,10 @@ fn copy_weights_read_unpacked(
             && graph.nodes.iter().enumerate().all(|(u, user)| {
                 let right_only = user.inputs.len() == 2 && user.inputs[0] != id;
                 !user.inputs.contains(&id)
-                    || (user.op == Op::Dot && right_only && packed[u].len() == 1)
+                    || (user.op == Op::Dot
+                        && right_only
+                        && (packed[u].len() == 1 || single_row(&graph.nodes[user.inputs[0]])))
+                    || (is_rowwise(&user.op) && right_only)
                     || (user.op == Op::IntegerDot && right_only && packed_integer[u].is_some())
             });
         if !only_packed_readers {
@@ -304,6 +320,13 @@ fn copy_weights_read_unpacked(
         }
     }
     Ok(())
+}
+
+/// A product on the row-wise kernel, which reads its right operand's K contiguous: a
+/// `linear` weight's permuted view is that already, and a contiguous copy is the layout
+/// it would have to transpose back on every call.
+fn is_rowwise(op: &Op) -> bool {
+    matches!(op, Op::Kernel { name, base } if name == KERNEL_ROWWISE && matches!(base.as_ref(), Op::Dot))
 }
 
 fn compile_err(node: &ember_core::ir::Node, msg: impl std::fmt::Display) -> Error {
@@ -543,9 +566,14 @@ mod tests {
     /// `y = x @ wᵀ` (a `linear`, `x` [2, k], `w` [n, k] holding 0, 1, 2, …): the graph, its
     /// weights, and the nodes of `wᵀ` and `y`.
     fn linear(k: usize, n: usize) -> (Graph, Weights, usize, usize) {
+        linear_of_rows(2, k, n)
+    }
+
+    /// `linear` with `rows` rows of input.
+    fn linear_of_rows(rows: usize, k: usize, n: usize) -> (Graph, Weights, usize, usize) {
         let mut g = Graph::new();
         let x = g
-            .add_source(Op::Input { index: 0 }, ty(&[2, k]), "x")
+            .add_source(Op::Input { index: 0 }, ty(&[rows, k]), "x")
             .unwrap();
         let w = g
             .add_source(Op::Weight { name: "w".into() }, ty(&[n, k]), "w")
@@ -578,6 +606,67 @@ mod tests {
             view.layout.strides,
             vec![1, k as isize],
             "a view, not a contiguous copy"
+        );
+    }
+
+    /// A one-row `linear` (decode) keeps its weight as it is stored: not packed, not
+    /// copied, its rows streamed by the row-wise kernel; and the product is right.
+    #[test]
+    fn a_one_row_linear_reads_its_weight_unpacked() {
+        use ember_core::backend::Backend;
+        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
+        let (k, n) = (37, 11);
+        let (g, weights, wt, y) = linear_of_rows(1, k, n);
+        let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+        assert!(prog.packed[y].is_empty(), "not packed");
+        let view = prog.bound[wt].as_ref().expect("the permute stays bound");
+        assert_eq!(
+            view.layout.strides,
+            vec![1, k as isize],
+            "a view, not a copy"
+        );
+        let xs: Vec<f32> = (0..k).map(|i| (i as f32 - 10.0) * 0.25).collect();
+        let mut got = vec![0f32; n];
+        let exe = crate::CpuBackend::new(2).compile(&g, &weights).unwrap();
+        let input = TensorView {
+            ptr: xs.as_ptr() as *const u8,
+            dtype: DType::F32,
+            shape: vec![1, k],
+            strides: contiguous_strides(&[1, k]),
+        };
+        let out = TensorOut {
+            ptr: got.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+            shape: vec![1, n],
+        };
+        // SAFETY: the buffers are live and of the declared sizes.
+        unsafe { exe.run(&[input], &[out]).unwrap() };
+        for (j, &g) in got.iter().enumerate() {
+            // The fixture's weight element (j, i) is j·k + i.
+            let want: f64 = (0..k).map(|i| xs[i] as f64 * (j * k + i) as f64).sum();
+            assert!(
+                (g as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "{j}: {g} vs {want}"
+            );
+        }
+    }
+
+    /// A permuted weight read by a product on the row-wise kernel stays a view: that
+    /// kernel reads K contiguous, which a contiguous copy of the permute would not have.
+    #[test]
+    fn a_weight_read_by_the_rowwise_kernel_is_not_copied() {
+        let (k, n) = (9, 10);
+        let (mut g, weights, wt, y) = linear(k, n);
+        g.nodes[y].op = Op::Kernel {
+            name: KERNEL_ROWWISE.into(),
+            base: Box::new(Op::Dot),
+        };
+        let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+        let view = prog.bound[wt].as_ref().expect("the permute stays bound");
+        assert_eq!(
+            view.layout.strides,
+            vec![1, k as isize],
+            "a view, not a copy"
         );
     }
 

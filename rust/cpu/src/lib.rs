@@ -30,7 +30,7 @@ pub use error::CpuError;
 /// Kernels and the thread helper, for `examples/` benchmarks that time them without a graph.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::kernels::dot::{gemm_into, Mat};
+    pub use crate::kernels::dot::{gemm_into, rows_dot_parallel, Mat};
     pub use crate::kernels::sgemm;
     pub use crate::par::{with_helpers, Helpers};
 }

@@ -6,6 +6,7 @@ use ember_core::dtype::DType;
 use half::f16;
 
 use super::elementwise::cast;
+use super::rowdot::rows_dot;
 use super::sgemm::{self, Operand, Packed, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
@@ -339,14 +340,7 @@ fn few_rows_f32<T: GemmElem>(
         if w_ks == 1 {
             // Dot products over contiguous K, a block of output columns per task.
             let cs = w_ns as usize;
-            let block = |start: usize, o: &mut [f32]| {
-                crate::simd::wide(|| {
-                    for (t, d) in o.iter_mut().enumerate() {
-                        let j = (start + t) * cs;
-                        *d = dot_f32(x, &w[j..j + k]);
-                    }
-                })
-            };
+            let block = |start: usize, o: &mut [f32]| rows_dot(x, &w[start * cs..], cs, o);
             if parallel {
                 par::for_chunks_mut(out_row, COLUMN_BLOCK, block);
             } else {
@@ -411,6 +405,7 @@ pub fn dot(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
         )));
     }
     match a.dtype {
+        DType::F32 if takes_rowwise(a, b) => dot_rowwise(a, b, threads),
         DType::F32 => dot_gemm::<f32>(a, b, threads),
         DType::F64 => dot_gemm::<f64>(a, b, threads),
         DType::F16 => dot_gemm::<f16>(a, b, threads),
@@ -453,6 +448,16 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
         )));
     }
     match a.dtype {
+        DType::F32 if takes_rowwise(a, b) => {
+            let bt = transposed(b)?;
+            rowwise_into(
+                &a.view::<f32>()?,
+                &bt.view::<f32>()?,
+                dest.slice()?,
+                threads,
+            );
+            Ok(())
+        }
         DType::F32 => gemm_batched::<f32>(a, b, dest.slice()?, threads),
         DType::F64 => gemm_batched::<f64>(a, b, dest.slice()?, threads),
         DType::F16 => gemm_batched::<f16>(a, b, dest.slice()?, threads),
@@ -575,6 +580,10 @@ fn dot_loops<T: Copy + Send + Sync + Default, A: Copy + Send + Sync>(
 /// Outputs per parallel task of the row-wise product (enough to amortize a task).
 const ROWWISE_CHUNK: usize = 64;
 
+/// Multiply-adds from which a row-wise product runs on every thread: as `sgemm`'s
+/// matrix-vector products, a stream of 128 KiB of weight pays for a helper.
+const ROWWISE_PAR_MIN: usize = 1 << 15;
+
 /// `a · b` in f32, one output at a time as a dot product over contiguous K (kernel
 /// `cpu.rowwise`). This is the matrix-vector shape of one-token decode, where a GEMM's
 /// packing of `a` costs more than it saves. `b` is read as `[N, K]` rows (the layout of a
@@ -595,55 +604,96 @@ pub fn dot_rowwise(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
     } else {
         a.contiguous()?
     };
-    let mut swap: Vec<usize> = (0..r).collect();
-    swap.extend([r + 1, r]);
-    let bt = crate::kernels::movement::permute(b, &swap)?;
+    let bt = transposed(b)?;
     let bt = if bt.view::<f32>()?.strides[r + 1] == 1 || k <= 1 {
         bt
     } else {
         bt.contiguous()?
     };
-    let (va, vb) = (a.view::<f32>()?, bt.view::<f32>()?);
-    let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
-    let (ars, brs) = (va.strides[r], vb.strides[r]);
     let mut shape = batch;
     shape.extend([m, n]);
     Val::build::<f32>(DType::F32, &shape, |out| {
-        let one = |start: usize, o: &mut [f32]| {
-            for (t, d) in o.iter_mut().enumerate() {
-                let flat = start + t;
-                let (row, j) = (flat / n, flat % n);
-                let (bi, i) = (row / m, row % m);
-                let [oa, ob] = offs[bi];
-                let x = va.run(oa + i as isize * ars, k);
-                let y = vb.run(ob + j as isize * brs, k);
-                *d = dot_f32(x, y);
-            }
-        };
-        if threads > 1 && out.len() * k >= 1 << 16 {
-            par::for_chunks_mut(out, ROWWISE_CHUNK, one);
-        } else {
-            one(0, out);
-        }
+        rowwise_into(&a.view::<f32>()?, &bt.view::<f32>()?, out, threads);
         Ok(())
     })
 }
 
-/// Σ x·y with eight independent accumulators (vectorizes; the summation order differs from
-/// a GEMM's only by rounding).
-#[inline]
-fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
-    let (xr, yr) = (xc.remainder(), yc.remainder());
-    for (a, b) in xc.zip(yc) {
-        for l in 0..8 {
-            acc[l] += a[l] * b[l];
+/// `b` (`[B.., K, N]`) with its last two dims swapped: a view.
+fn transposed(b: &Val) -> KResult<Val> {
+    let r = b.shape().len();
+    let mut swap: Vec<usize> = (0..r - 2).collect();
+    swap.extend([r - 1, r - 2]);
+    crate::kernels::movement::permute(b, &swap)
+}
+
+/// Whether `a · b` takes the row-wise kernel without being asked: f32 products of one row
+/// per batch (one-token decode) whose operands both have K contiguous, as a `linear`
+/// weight read transposed does. A GEMM would pack such a `b` on every call (or hold a
+/// packed copy as large as the weight); streaming its rows once is all the product needs.
+pub fn takes_rowwise(a: &Val, b: &Val) -> bool {
+    let (Ok(va), Ok(vb)) = (a.view::<f32>(), b.view::<f32>()) else {
+        return false;
+    };
+    let r = va.shape.len();
+    r >= 2 && va.shape[r - 2] == 1 && va.strides[r - 1] == 1 && vb.strides[r - 2] == 1
+}
+
+/// `out = a · bᵀ` (contiguous `[B.., M, N]`) for `a` `[B.., M, K]` and `bt` `[B.., N, K]`,
+/// both with K contiguous (or K ≤ 1): runs of outputs in one row are `rows_dot` calls.
+fn rowwise_into(va: &View<f32>, vbt: &View<f32>, out: &mut [f32], threads: usize) {
+    let r = va.shape.len() - 2;
+    let (m, k, n) = (va.shape[r], va.shape[r + 1], vbt.shape[r]);
+    if out.is_empty() {
+        return;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let offs = batch_offsets(&va.shape[..r], [&va.strides, &vbt.strides]);
+    let (ars, brs) = (va.strides[r], vbt.strides[r]);
+    // Outputs `start..` of a task: runs of one output row each, the weight rows they read
+    // `brs` apart (one by one if the stride is negative).
+    let one = |start: usize, o: &mut [f32]| {
+        let mut done = 0;
+        while done < o.len() {
+            let flat = start + done;
+            let (row, j) = (flat / n, flat % n);
+            let count = (n - j).min(o.len() - done);
+            let (bi, i) = (row / m, row % m);
+            let [oa, ob] = offs[bi];
+            let x = va.run(oa + i as isize * ars, k);
+            let dst = &mut o[done..done + count];
+            match usize::try_from(brs) {
+                Ok(stride) => {
+                    let w = vbt.run(ob + j as isize * brs, (count - 1) * stride + k);
+                    rows_dot(x, w, stride, dst);
+                }
+                Err(_) => {
+                    for (t, d) in dst.iter_mut().enumerate() {
+                        let w = vbt.run(ob + (j + t) as isize * brs, k);
+                        rows_dot(x, w, 0, std::slice::from_mut(d));
+                    }
+                }
+            }
+            done += count;
         }
+    };
+    if threads > 1 && out.len() * k >= ROWWISE_PAR_MIN {
+        par::for_chunks_mut(out, ROWWISE_CHUNK, one);
+    } else {
+        one(0, out);
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (a, b) in xr.iter().zip(yr) {
-        s += a * b;
+}
+
+/// `out[j] = x · w[j]` for rows `row_stride` apart (`rows_dot`), on every thread when the
+/// weight is large enough, as the row-wise product runs it.
+pub fn rows_dot_parallel(x: &[f32], w: &[f32], row_stride: usize, out: &mut [f32], threads: usize) {
+    if threads > 1 && out.len() * x.len() >= ROWWISE_PAR_MIN {
+        par::for_chunks_mut(out, ROWWISE_CHUNK, |start, o| {
+            rows_dot(x, &w[start * row_stride..], row_stride, o)
+        });
+    } else {
+        rows_dot(x, w, row_stride, out);
     }
-    s
 }

@@ -13,6 +13,7 @@ pub mod movement;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
+pub mod rowdot;
 pub mod sgemm;
 #[cfg(test)]
 pub(crate) mod testing;

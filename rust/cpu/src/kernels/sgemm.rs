@@ -18,7 +18,9 @@
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
 //! packs at most its activations (none when their rows are contiguous): for the skinny
 //! products of inference (few rows, wide weights) packing the weight per call costs as much
-//! as the product. Measured against the `gemm` crate on the benchmark shapes
+//! as the product. Products of one row (decode) with a `linear` weight skip this module:
+//! `rowdot` streams the weight's rows as stored, faster than these panels and with no
+//! packed copy. Measured against the `gemm` crate on the benchmark shapes
 //! (`cargo run -p ember-cpu --release --example gemm_bench`).
 //! Work is split into (row block × column group) tasks through `par.rs`, so it runs on the
 //! caller's thread with the pool helping, never behind a thread hand-off.
