@@ -173,6 +173,23 @@ def test_one_row_products(backend):
     check(fn, args, backend, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_row_half_precision_products(dtype, backend):
+    # bf16/f16 weights streamed as stored and widened in registers (the CPU converted the
+    # whole weight to f32 on every call); sums in f32, one rounding at the end, as eager.
+    layer = torch.nn.Linear(300, 333).to(dtype)
+
+    def fn(x, q, k):
+        return layer(x), q @ k.transpose(-1, -2)
+
+    args = [
+        rand(1, 300, dtype=dtype),
+        rand(2, 4, 1, 40, dtype=dtype),
+        rand(2, 4, 9, 40, dtype=dtype),
+    ]
+    check(fn, args, backend, rtol=1e-2, atol=1e-2)
+
+
 def test_one_row_linear_sees_in_place_weight_updates(backend):
     # The weight of a one-row product is read where it lives, not from a packed copy.
     opts = host_options(backend)

@@ -3,10 +3,10 @@
 //! f32; integers and bool use plain loops (integers wrap).
 
 use ember_core::dtype::DType;
-use half::f16;
+use half::{bf16, f16};
 
 use super::elementwise::cast;
-use super::rowdot::rows_dot;
+use super::rowdot::{rows_dot, RowWeight};
 use super::sgemm::{self, Operand, Packed, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
@@ -405,7 +405,7 @@ pub fn dot(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
         )));
     }
     match a.dtype {
-        DType::F32 if takes_rowwise(a, b) => dot_rowwise(a, b, threads),
+        _ if takes_rowwise(a, b) => dot_rowwise(a, b, threads),
         DType::F32 => dot_gemm::<f32>(a, b, threads),
         DType::F64 => dot_gemm::<f64>(a, b, threads),
         DType::F16 => dot_gemm::<f16>(a, b, threads),
@@ -453,6 +453,16 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
             rowwise_into(
                 &a.view::<f32>()?,
                 &bt.view::<f32>()?,
+                dest.slice()?,
+                threads,
+            );
+            Ok(())
+        }
+        DType::F16 if takes_rowwise(a, b) => {
+            let bt = transposed(b)?;
+            rowwise_into(
+                &a.view::<f16>()?,
+                &bt.view::<f16>()?,
                 dest.slice()?,
                 threads,
             );
@@ -584,36 +594,41 @@ const ROWWISE_CHUNK: usize = 64;
 /// matrix-vector products, a stream of 128 KiB of weight pays for a helper.
 const ROWWISE_PAR_MIN: usize = 1 << 15;
 
-/// `a · b` in f32, one output at a time as a dot product over contiguous K (kernel
-/// `cpu.rowwise`). This is the matrix-vector shape of one-token decode, where a GEMM's
-/// packing of `a` costs more than it saves. `b` is read as `[N, K]` rows (the layout of a
-/// `linear` weight, which `dot` sees transposed); operands in any other layout are copied
-/// once per call.
+/// `a · b`, one output at a time as a dot product over contiguous K (kernel
+/// `cpu.rowwise`), for f32, bf16 and f16 (summed in f32, as the GEMM paths do). This is
+/// the matrix-vector shape of one-token decode, where a GEMM's packing costs more than it
+/// saves. `b` is read as `[N, K]` rows (the layout of a `linear` weight, which `dot` sees
+/// transposed); operands in any other layout are copied once per call.
 pub fn dot_rowwise(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
-    if a.dtype != DType::F32 || b.dtype != DType::F32 {
-        return Err(CpuError::Unsupported(format!(
-            "the row-wise dot kernel takes f32, got {} and {}",
-            a.dtype, b.dtype
-        )));
+    match (a.dtype, b.dtype) {
+        (DType::F32, DType::F32) => rowwise::<f32>(a, b, threads),
+        (DType::BF16, DType::BF16) => rowwise::<bf16>(a, b, threads),
+        (DType::F16, DType::F16) => rowwise::<f16>(a, b, threads),
+        (x, y) => Err(CpuError::Unsupported(format!(
+            "the row-wise dot kernel takes f32, bf16 or f16 operands of one type, got {x} and {y}"
+        ))),
     }
+}
+
+fn rowwise<T: RowWeight + Elem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
     let (batch, m, k, n) = dims(a, b)?;
     let r = batch.len();
     // K must be the unit-stride dim of both operands.
-    let a = if a.view::<f32>()?.strides[r + 1] == 1 || k <= 1 {
+    let a = if a.view::<T>()?.strides[r + 1] == 1 || k <= 1 {
         a.clone()
     } else {
         a.contiguous()?
     };
     let bt = transposed(b)?;
-    let bt = if bt.view::<f32>()?.strides[r + 1] == 1 || k <= 1 {
+    let bt = if bt.view::<T>()?.strides[r + 1] == 1 || k <= 1 {
         bt
     } else {
         bt.contiguous()?
     };
     let mut shape = batch;
     shape.extend([m, n]);
-    Val::build::<f32>(DType::F32, &shape, |out| {
-        rowwise_into(&a.view::<f32>()?, &bt.view::<f32>()?, out, threads);
+    Val::build::<T>(a.dtype, &shape, |out| {
+        rowwise_into(&a.view::<T>()?, &bt.view::<T>()?, out, threads);
         Ok(())
     })
 }
@@ -626,44 +641,68 @@ fn transposed(b: &Val) -> KResult<Val> {
     crate::kernels::movement::permute(b, &swap)
 }
 
-/// Whether `a · b` takes the row-wise kernel without being asked: f32 products of one row
-/// per batch (one-token decode) whose operands both have K contiguous, as a `linear`
-/// weight read transposed does. A GEMM would pack such a `b` on every call (or hold a
-/// packed copy as large as the weight); streaming its rows once is all the product needs.
+/// Whether `a · b` takes the row-wise kernel without being asked: f32, bf16 or f16
+/// products of one row per batch (one-token decode) whose operands both have K
+/// contiguous, as a `linear` weight read transposed does. A GEMM would pack such a `b` on
+/// every call (or hold a packed copy as large as the weight; for half types, convert it
+/// whole); streaming its rows once is all the product needs.
 pub fn takes_rowwise(a: &Val, b: &Val) -> bool {
-    let (Ok(va), Ok(vb)) = (a.view::<f32>(), b.view::<f32>()) else {
+    if a.dtype != b.dtype || !matches!(a.dtype, DType::F32 | DType::BF16 | DType::F16) {
         return false;
-    };
-    let r = va.shape.len();
-    r >= 2 && va.shape[r - 2] == 1 && va.strides[r - 1] == 1 && vb.strides[r - 2] == 1
+    }
+    let (shape, a_strides) = (a.shape(), &a.layout.strides);
+    let r = shape.len();
+    r >= 2
+        && b.shape().len() == r
+        && shape[r - 2] == 1
+        && a_strides[r - 1] == 1
+        && b.layout.strides[r - 2] == 1
 }
 
 /// `out = a · bᵀ` (contiguous `[B.., M, N]`) for `a` `[B.., M, K]` and `bt` `[B.., N, K]`,
 /// both with K contiguous (or K ≤ 1): runs of outputs in one row are `rows_dot` calls.
-fn rowwise_into(va: &View<f32>, vbt: &View<f32>, out: &mut [f32], threads: usize) {
+/// Rows of a half-precision `a` are widened to f32 once, outputs rounded once.
+fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], threads: usize) {
     let r = va.shape.len() - 2;
     let (m, k, n) = (va.shape[r], va.shape[r + 1], vbt.shape[r]);
     if out.is_empty() {
         return;
     }
     if k == 0 {
-        out.fill(0.0);
+        out.fill(T::from_f32(0.0));
         return;
     }
     let offs = batch_offsets(&va.shape[..r], [&va.strides, &vbt.strides]);
-    let (ars, brs) = (va.strides[r], vbt.strides[r]);
-    // Outputs `start..` of a task: runs of one output row each, the weight rows they read
-    // `brs` apart (one by one if the stride is negative).
-    let one = |start: usize, o: &mut [f32]| {
+    let ars = va.strides[r];
+    let a_row = |row: usize| va.run(offs[row / m][0] + (row % m) as isize * ars, k);
+    // Every row of a half-precision `a` in f32, back to back (rows are few: this is the
+    // one-row shape); f32 rows are read in place.
+    let is_f32 = crate::elem::as_f32::<T>(&[]).is_some();
+    let widened: Vec<f32> = match is_f32 {
+        true => Vec::new(),
+        false => (0..offs.len() * m)
+            .flat_map(|row| a_row(row).iter().map(|v| v.to_f32()))
+            .collect(),
+    };
+    let x_row = |row: usize| -> &[f32] {
+        match crate::elem::as_f32(a_row(row)) {
+            Some(x) => x,
+            None => &widened[row * k..(row + 1) * k],
+        }
+    };
+    let brs = vbt.strides[r];
+    // Outputs `start..` of a task: runs of one output row each (at most a chunk), the
+    // weight rows they read `brs` apart (one by one if the stride is negative).
+    let one = |start: usize, o: &mut [T]| {
+        let mut sums = [0.0f32; ROWWISE_CHUNK];
         let mut done = 0;
         while done < o.len() {
             let flat = start + done;
             let (row, j) = (flat / n, flat % n);
-            let count = (n - j).min(o.len() - done);
-            let (bi, i) = (row / m, row % m);
-            let [oa, ob] = offs[bi];
-            let x = va.run(oa + i as isize * ars, k);
-            let dst = &mut o[done..done + count];
+            let count = (n - j).min(o.len() - done).min(ROWWISE_CHUNK);
+            let ob = offs[row / m][1];
+            let x = x_row(row);
+            let dst = &mut sums[..count];
             match usize::try_from(brs) {
                 Ok(stride) => {
                     let w = vbt.run(ob + j as isize * brs, (count - 1) * stride + k);
@@ -675,6 +714,9 @@ fn rowwise_into(va: &View<f32>, vbt: &View<f32>, out: &mut [f32], threads: usize
                         rows_dot(x, w, 0, std::slice::from_mut(d));
                     }
                 }
+            }
+            for (o, &v) in o[done..done + count].iter_mut().zip(dst.iter()) {
+                *o = T::from_f32(v);
             }
             done += count;
         }

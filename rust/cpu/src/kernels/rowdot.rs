@@ -2,18 +2,122 @@
 //! matrix-vector product of one-token decode with a `linear` weight read as it is stored
 //! (`[N, K]`, K contiguous). Memory-bound: each weight element is read once, so no packed
 //! copy of the weight is needed and the stream runs at the speed the GEMM's packed panels
-//! do.
+//! do. Weights may be f32, bf16 or f16: half-precision rows are widened to f32 in
+//! registers as they are loaded (half the bytes to stream), and the sums are f32.
 //!
 //! Four rows share each load of `x`; each row keeps two accumulators (even and odd vector
 //! steps of k) so eight FMA chains are in flight, enough to hide the FMA latency when the
 //! weight sits in cache. The sum is reassociated (lanes, then the two accumulators), which
 //! differs from a GEMM's in-order sum only by rounding.
 
+use half::{bf16, f16};
+
+/// A weight element the row-wise kernel reads: f32, or a half type widened on load.
+pub trait RowWeight: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// Whether this CPU has what the vector loads of this type need beyond AVX2 + FMA.
+    #[cfg(target_arch = "x86_64")]
+    fn loads_available() -> bool {
+        true
+    }
+    /// 16 elements at `p` as f32 (AVX-512F).
+    ///
+    /// # Safety
+    /// AVX-512F is present and 16 elements at `p` are readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 8 elements at `p` as f32 (AVX2, and F16C for f16).
+    ///
+    /// # Safety
+    /// The instructions are present and 8 elements at `p` are readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl RowWeight for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: as the trait's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: as the trait's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl RowWeight for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+    // A bf16 is the high half of an f32: zero-extend to 32 bits and shift left by 16.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const bf16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: as the trait's contract.
+        unsafe {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: as the trait's contract.
+        unsafe {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+impl RowWeight for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn loads_available() -> bool {
+        std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: as the trait's contract (AVX-512F converts halves).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: as the trait's contract (F16C checked by `loads_available`).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
+
 /// `out[j] = Σ_p x[p]·w[j·row_stride + p]` for every `j < out.len()`, `p < x.len()`.
 ///
 /// # Panics
 /// When `w` is too short for `out.len()` rows of `x.len()` elements `row_stride` apart.
-pub fn rows_dot(x: &[f32], w: &[f32], row_stride: usize, out: &mut [f32]) {
+pub fn rows_dot<W: RowWeight>(x: &[f32], w: &[W], row_stride: usize, out: &mut [f32]) {
     let (k, n) = (x.len(), out.len());
     if n == 0 {
         return;
@@ -27,12 +131,12 @@ pub fn rows_dot(x: &[f32], w: &[f32], row_stride: usize, out: &mut [f32]) {
     {
         if crate::simd::avx512_available() {
             // SAFETY: AVX-512F is present; every row's k elements lie in `w` (checked above).
-            unsafe { x86::rows::<true>(x, w.as_ptr(), row_stride, out) };
+            unsafe { x86::rows::<W, true>(x, w.as_ptr(), row_stride, out) };
             return;
         }
-        if crate::simd::fma_available() {
-            // SAFETY: AVX2 and FMA are present; rows checked as above.
-            unsafe { x86::rows::<false>(x, w.as_ptr(), row_stride, out) };
+        if crate::simd::fma_available() && W::loads_available() {
+            // SAFETY: AVX2, FMA (and F16C where W needs it) are present; rows as above.
+            unsafe { x86::rows::<W, false>(x, w.as_ptr(), row_stride, out) };
             return;
         }
     }
@@ -43,24 +147,25 @@ pub fn rows_dot(x: &[f32], w: &[f32], row_stride: usize, out: &mut [f32]) {
 }
 
 /// Σ x·y with eight independent accumulators (vectorizes without FMA).
-pub fn scalar_dot(x: &[f32], y: &[f32]) -> f32 {
+pub fn scalar_dot<W: RowWeight>(x: &[f32], y: &[W]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
     let (xr, yr) = (xc.remainder(), yc.remainder());
     for (a, b) in xc.zip(yc) {
         for l in 0..8 {
-            acc[l] += a[l] * b[l];
+            acc[l] += a[l] * b[l].to_f32();
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (a, b) in xr.iter().zip(yr) {
-        s += a * b;
+        s += a * b.to_f32();
     }
     s
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::RowWeight;
     use std::arch::x86_64::*;
 
     /// Rows of the tile: four share each vector of `x`.
@@ -70,11 +175,11 @@ mod x86 {
     /// rather than AVX2 (8).
     ///
     /// # Safety
-    /// The CPU has the instructions `WIDE` selects; row `j`'s `x.len()` elements start at
-    /// `w + j·row_stride` and are readable.
-    pub unsafe fn rows<const WIDE: bool>(
+    /// The CPU has the instructions `WIDE` and `W` need; row `j`'s `x.len()` elements
+    /// start at `w + j·row_stride` and are readable.
+    pub unsafe fn rows<W: RowWeight, const WIDE: bool>(
         x: &[f32],
-        w: *const f32,
+        w: *const W,
         row_stride: usize,
         out: &mut [f32],
     ) {
@@ -83,11 +188,11 @@ mod x86 {
         // SAFETY (whole body): row pointers stay within the caller's contract.
         unsafe {
             while j + R <= out.len() {
-                let rows: [*const f32; R] = std::array::from_fn(|r| w.add((j + r) * row_stride));
+                let rows: [*const W; R] = std::array::from_fn(|r| w.add((j + r) * row_stride));
                 let sums = if WIDE {
-                    tile512::<R>(x.as_ptr(), rows, k)
+                    tile512::<W, R>(x.as_ptr(), rows, k)
                 } else {
-                    tile256::<R>(x.as_ptr(), rows, k)
+                    tile256::<W, R>(x.as_ptr(), rows, k)
                 };
                 out[j..j + R].copy_from_slice(&sums);
                 j += R;
@@ -95,20 +200,44 @@ mod x86 {
             while j < out.len() {
                 let row = [w.add(j * row_stride)];
                 out[j] = if WIDE {
-                    tile512::<1>(x.as_ptr(), row, k)[0]
+                    tile512::<W, 1>(x.as_ptr(), row, k)[0]
                 } else {
-                    tile256::<1>(x.as_ptr(), row, k)[0]
+                    tile256::<W, 1>(x.as_ptr(), row, k)[0]
                 };
                 j += 1;
             }
         }
     }
 
+    /// The last `k - p` (fewer than a vector) products of each row, added to its sum.
+    ///
+    /// # Safety
+    /// `x` and every row hold `k` readable elements.
+    #[inline(always)]
+    unsafe fn tail<W: RowWeight, const T: usize>(
+        x: *const f32,
+        w: &[*const W; T],
+        p: usize,
+        k: usize,
+        sums: &mut [f32; T],
+    ) {
+        for (s, &row) in sums.iter_mut().zip(w) {
+            for q in p..k {
+                // SAFETY: q < k, as the contract.
+                unsafe { *s += *x.add(q) * (*row.add(q)).to_f32() };
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the rows and their accumulators
-    unsafe fn tile512<const T: usize>(x: *const f32, w: [*const f32; T], k: usize) -> [f32; T] {
-        // SAFETY (whole body): loads stay below k elements of x and of each row; the tail's
-        // are masked to the elements left.
+    unsafe fn tile512<W: RowWeight, const T: usize>(
+        x: *const f32,
+        w: [*const W; T],
+        k: usize,
+    ) -> [f32; T] {
+        // SAFETY (whole body): vector loads stay below k elements of x and of each row;
+        // the last k % 16 elements are read one at a time.
         unsafe {
             let mut even = [_mm512_setzero_ps(); T];
             let mut odd = [_mm512_setzero_ps(); T];
@@ -116,27 +245,32 @@ mod x86 {
             while p + 32 <= k {
                 let (x0, x1) = (_mm512_loadu_ps(x.add(p)), _mm512_loadu_ps(x.add(p + 16)));
                 for r in 0..T {
-                    even[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r].add(p)), x0, even[r]);
-                    odd[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r].add(p + 16)), x1, odd[r]);
+                    even[r] = _mm512_fmadd_ps(W::load16(w[r].add(p)), x0, even[r]);
+                    odd[r] = _mm512_fmadd_ps(W::load16(w[r].add(p + 16)), x1, odd[r]);
                 }
                 p += 32;
             }
-            while p < k {
-                let mask = crate::simd::first_lanes(k - p);
-                let x0 = _mm512_maskz_loadu_ps(mask, x.add(p));
+            if p + 16 <= k {
+                let x0 = _mm512_loadu_ps(x.add(p));
                 for r in 0..T {
-                    let v = _mm512_maskz_loadu_ps(mask, w[r].add(p));
-                    even[r] = _mm512_fmadd_ps(v, x0, even[r]);
+                    even[r] = _mm512_fmadd_ps(W::load16(w[r].add(p)), x0, even[r]);
                 }
                 p += 16;
             }
-            std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])))
+            let mut sums: [f32; T] =
+                std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])));
+            tail(x, &w, p, k, &mut sums);
+            sums
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the rows and their accumulators
-    unsafe fn tile256<const T: usize>(x: *const f32, w: [*const f32; T], k: usize) -> [f32; T] {
+    unsafe fn tile256<W: RowWeight, const T: usize>(
+        x: *const f32,
+        w: [*const W; T],
+        k: usize,
+    ) -> [f32; T] {
         // SAFETY (whole body): vector loads stay below k elements of x and of each row; the
         // last k % 8 elements are read one at a time.
         unsafe {
@@ -146,15 +280,15 @@ mod x86 {
             while p + 16 <= k {
                 let (x0, x1) = (_mm256_loadu_ps(x.add(p)), _mm256_loadu_ps(x.add(p + 8)));
                 for r in 0..T {
-                    even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r].add(p)), x0, even[r]);
-                    odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r].add(p + 8)), x1, odd[r]);
+                    even[r] = _mm256_fmadd_ps(W::load8(w[r].add(p)), x0, even[r]);
+                    odd[r] = _mm256_fmadd_ps(W::load8(w[r].add(p + 8)), x1, odd[r]);
                 }
                 p += 16;
             }
             if p + 8 <= k {
                 let x0 = _mm256_loadu_ps(x.add(p));
                 for r in 0..T {
-                    even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r].add(p)), x0, even[r]);
+                    even[r] = _mm256_fmadd_ps(W::load8(w[r].add(p)), x0, even[r]);
                 }
                 p += 8;
             }
@@ -163,13 +297,9 @@ mod x86 {
                 let v = _mm256_add_ps(even[r], odd[r]);
                 let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                 let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-                let one = _mm_add_ss(quad, _mm_movehdup_ps(quad));
-                let mut s = _mm_cvtss_f32(one);
-                for q in p..k {
-                    s += *x.add(q) * *w[r].add(q);
-                }
-                sums[r] = s;
+                sums[r] = _mm_cvtss_f32(_mm_add_ss(quad, _mm_movehdup_ps(quad)));
             }
+            tail(x, &w, p, k, &mut sums);
             sums
         }
     }
@@ -179,11 +309,11 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn reference(x: &[f32], w: &[f32], stride: usize, n: usize) -> Vec<f64> {
+    fn reference<W: RowWeight>(x: &[f32], w: &[W], stride: usize, n: usize) -> Vec<f64> {
         (0..n)
             .map(|j| {
                 (0..x.len())
-                    .map(|p| x[p] as f64 * w[j * stride + p] as f64)
+                    .map(|p| x[p] as f64 * w[j * stride + p].to_f32() as f64)
                     .sum()
             })
             .collect()
@@ -201,20 +331,21 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn matches_a_f64_reference_for_every_tail_of_rows_and_k() {
+    fn matches_reference<W: RowWeight>() {
         // k around the vector widths (8, 16, 32) and row counts around the tile of 4.
         for k in [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 100, 257] {
             for n in [1, 3, 4, 5, 9] {
                 for pad in [0, 3] {
                     let stride = k + pad;
                     let x = values(k, (k * 31 + n) as u32);
-                    let w = values((n - 1) * stride + k, (k + 7 * n) as u32);
+                    let w: Vec<W> = values((n - 1) * stride + k, (k + 7 * n) as u32)
+                        .into_iter()
+                        .map(W::from_f32)
+                        .collect();
                     let mut out = vec![f32::NAN; n];
                     rows_dot(&x, &w, stride, &mut out);
-                    for (j, (&got, want)) in
-                        out.iter().zip(reference(&x, &w, stride, n)).enumerate()
-                    {
+                    let want = reference(&x, &w, stride, n);
+                    for (j, (&got, want)) in out.iter().zip(want).enumerate() {
                         let tol = 1e-5 * (1.0 + k as f64);
                         assert!(
                             (got as f64 - want).abs() <= tol,
@@ -227,9 +358,24 @@ mod tests {
     }
 
     #[test]
+    fn f32_rows_match_a_f64_reference_for_every_tail_of_rows_and_k() {
+        matches_reference::<f32>();
+    }
+
+    #[test]
+    fn bf16_rows_match_a_f64_reference_for_every_tail_of_rows_and_k() {
+        matches_reference::<bf16>();
+    }
+
+    #[test]
+    fn f16_rows_match_a_f64_reference_for_every_tail_of_rows_and_k() {
+        matches_reference::<f16>();
+    }
+
+    #[test]
     #[should_panic(expected = "rows_dot")]
     fn a_short_weight_is_refused() {
         let mut out = [0.0; 3];
-        rows_dot(&[1.0; 8], &[1.0; 20], 8, &mut out);
+        rows_dot(&[1.0; 8], &[1.0f32; 20], 8, &mut out);
     }
 }
