@@ -51,12 +51,14 @@ pub enum Mode {
 }
 
 /// Nodes whose kernels parallelize through rayon itself, so they must run inside the pool:
-/// products not on Ember's own f32 GEMM (`kernels::sgemm`).
-fn splits_with_rayon(node: &ember_core::ir::Node) -> bool {
+/// products not on Ember's own f32 GEMM (`kernels::sgemm`). `packed`: the node's operands
+/// packed at compile time (an f16 product of a packed weight runs on `sgemm`).
+fn splits_with_rayon(node: &ember_core::ir::Node, packed: &[Packed]) -> bool {
     let gemm_crate =
         !sgemm::available() || !matches!(node.ty.dtype, DType::F32 | DType::BF16 | DType::F16);
     match node.op {
-        Op::Dot | Op::Attention { .. } => gemm_crate || node.ty.dtype == DType::F16,
+        Op::Dot => gemm_crate || (node.ty.dtype == DType::F16 && packed.is_empty()),
+        Op::Attention { .. } => gemm_crate || node.ty.dtype == DType::F16,
         // f16 and bf16 convs compute in f32.
         Op::Conv { .. } => gemm_crate,
         _ => false,
@@ -118,30 +120,45 @@ fn permuted_weight(
 #[derive(Default)]
 pub struct PackedWeights(Mutex<HashMap<PackKey, (Val, Packed)>>);
 
-/// Address, rows, columns and strides of a packed right operand's source.
-type PackKey = (usize, usize, usize, isize, isize);
+/// Address, element size, rows, columns and strides of a packed right operand's source.
+type PackKey = (usize, usize, usize, usize, isize, isize);
 
 impl PackedWeights {
     fn right(&self, w: &Val) -> crate::error::KResult<Packed> {
-        let v = w.view::<f32>()?;
+        let (shape, strides, size) = (w.shape(), &w.layout.strides, w.dtype.size());
+        if shape.len() != 2 {
+            return Err(crate::error::CpuError::Internal(format!(
+                "packing a weight of shape {shape:?}"
+            )));
+        }
+        // The source's first element, whatever its type.
+        let start = w
+            .storage
+            .ptr()
+            .wrapping_offset(w.layout.offset * size as isize);
         let key = (
-            v.ptr as usize,
-            v.shape[0],
-            v.shape[1],
-            v.strides[0],
-            v.strides[1],
+            start as usize,
+            size,
+            shape[0],
+            shape[1],
+            strides[0],
+            strides[1],
         );
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, packed)) = map.get(&key) {
             return Ok(packed.clone());
         }
+        // A half-precision weight is packed from an f32 copy (dropped once packed): its
+        // products run on the f32 GEMM, as they would after converting it every call.
+        let wide = crate::kernels::elementwise::cast(w, DType::F32)?;
+        let f = wide.view::<f32>()?;
         let src = sgemm::Strided {
-            ptr: v.ptr,
-            rs: v.strides[0],
-            cs: v.strides[1],
+            ptr: f.ptr,
+            rs: f.strides[0],
+            cs: f.strides[1],
         };
-        // SAFETY: the view addresses the bound value's rows × cols elements, alive here.
-        let packed = unsafe { Packed::b(v.shape[0], v.shape[1], src) };
+        // SAFETY: the view addresses the f32 value's rows × cols elements, alive here.
+        let packed = unsafe { Packed::b(f.shape[0], f.shape[1], src) };
         map.insert(key, (w.clone(), packed.clone()));
         Ok(packed)
     }
@@ -155,7 +172,8 @@ fn pack_weight_operands(
     bound: &[Option<Val>],
     packs: &PackedWeights,
 ) -> crate::error::KResult<Vec<Packed>> {
-    if node.ty.dtype != DType::F32 || !sgemm::available() {
+    let half = matches!(node.ty.dtype, DType::BF16 | DType::F16);
+    if !(node.ty.dtype == DType::F32 || half && node.op == Op::Dot) || !sgemm::available() {
         return Ok(Vec::new());
     }
     let (Some(&x), Some(&w)) = (node.inputs.first(), node.inputs.get(1)) else {
@@ -164,24 +182,24 @@ fn pack_weight_operands(
     let (None, Some(w)) = (&bound[x], &bound[w]) else {
         return Ok(Vec::new());
     };
-    if w.dtype != DType::F32 {
+    if w.dtype != node.ty.dtype {
         return Ok(Vec::new());
     }
-    let v = w.view::<f32>()?;
+    let (shape, strides) = (w.shape(), &w.layout.strides);
     match &node.op {
         // One-row products of a K-contiguous weight stream it row-wise unpacked
         // (`dot::takes_rowwise`): a packed copy would double its memory and be no faster.
-        Op::Dot if v.shape.len() == 2 && v.strides[0] == 1 && single_row(&graph.nodes[x]) => {
+        Op::Dot if shape.len() == 2 && strides[0] == 1 && single_row(&graph.nodes[x]) => {
             Ok(Vec::new())
         }
-        Op::Dot if v.shape.len() == 2 => Ok(vec![packs.right(w)?]),
+        Op::Dot if shape.len() == 2 => Ok(vec![packs.right(w)?]),
         Op::Conv {
             stride,
             padding,
             dilation,
             groups,
             ..
-        } if v.shape.len() >= 3 => {
+        } if shape.len() >= 3 => {
             let w = w.contiguous()?;
             let v = w.view::<f32>()?;
             let (o, per_out) = (v.shape[0], v.shape[1..].iter().product::<usize>());
@@ -391,7 +409,11 @@ impl Program {
                         permuted_weight(&graph, node, perm, &bound)
                             .map_err(|e| compile_err(node, e))?
                     }
-                    (KERNEL_ROWWISE, Op::Dot) if dtype == DType::F32 => None,
+                    (KERNEL_ROWWISE, Op::Dot)
+                        if matches!(dtype, DType::F32 | DType::BF16 | DType::F16) =>
+                    {
+                        None
+                    }
                     _ => {
                         return Err(compile_err(
                             node,
@@ -476,7 +498,12 @@ impl Program {
                 slices[id] = (resolved.dim(start)?, resolved.dim(end)?);
             }
         }
-        let pool = self.graph.nodes.iter().any(splits_with_rayon);
+        let pool = self
+            .graph
+            .nodes
+            .iter()
+            .zip(&self.packed)
+            .any(|(node, packed)| splits_with_rayon(node, packed));
         let work = || -> usize {
             self.graph
                 .nodes
@@ -648,6 +675,79 @@ mod tests {
                 (g as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
                 "{j}: {g} vs {want}"
             );
+        }
+    }
+
+    /// A bf16 `linear` weight is packed once, widened to f32, for products of several rows
+    /// (a call used to widen the whole weight), and left as stored for one row; both
+    /// products match a reference summed in f64 to bf16 rounding.
+    #[test]
+    fn a_bf16_linear_weight_is_packed_widened_for_rows_and_streamed_for_one() {
+        use ember_core::backend::Backend;
+        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
+        use half::bf16;
+        if !sgemm::available() {
+            return;
+        }
+        let (k, n) = (40, 19);
+        let w_vals: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75)
+            .collect();
+        for rows in [1, 5] {
+            let bf16_ty = |s: &[usize]| {
+                TensorType::new(DType::BF16, s.iter().map(|&d| Dim::from(d)).collect())
+            };
+            let mut g = Graph::new();
+            let x = g
+                .add_source(Op::Input { index: 0 }, bf16_ty(&[rows, k]), "x")
+                .unwrap();
+            let w = g
+                .add_source(Op::Weight { name: "w".into() }, bf16_ty(&[n, k]), "w")
+                .unwrap();
+            let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
+            let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
+            g.outputs = vec![y];
+            let bytes: Vec<u8> = w_vals
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect();
+            let mut weights = Weights::new();
+            weights.insert(
+                "w".into(),
+                HostTensor::owned(DType::BF16, vec![n, k], bytes).unwrap(),
+            );
+            let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+            assert_eq!(prog.packed[y].len(), usize::from(rows > 1), "{rows} rows");
+            let xs: Vec<bf16> = (0..rows * k)
+                .map(|i| bf16::from_f32((i % 11) as f32 * 0.25 - 1.0))
+                .collect();
+            let mut got = vec![bf16::ZERO; rows * n];
+            let exe = crate::CpuBackend::new(2).compile(&g, &weights).unwrap();
+            let input = TensorView {
+                ptr: xs.as_ptr() as *const u8,
+                dtype: DType::BF16,
+                shape: vec![rows, k],
+                strides: contiguous_strides(&[rows, k]),
+            };
+            let out = TensorOut {
+                ptr: got.as_mut_ptr() as *mut u8,
+                dtype: DType::BF16,
+                shape: vec![rows, n],
+            };
+            // SAFETY: the buffers are live and of the declared sizes.
+            unsafe { exe.run(&[input], &[out]).unwrap() };
+            for r in 0..rows {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|i| xs[r * k + i].to_f64() * w_vals[j * k + i] as f64)
+                        .sum();
+                    let got = got[r * n + j].to_f64();
+                    assert!(
+                        (got - want).abs() <= 1e-2 * want.abs().max(1.0),
+                        "{rows} rows, ({r}, {j}): {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 

@@ -491,7 +491,13 @@ pub(crate) fn eval(
         Op::Where => ew::where_(arg(0)?, arg(1)?, arg(2)?),
         Op::Cast { to } => ew::cast(arg(0)?, *to),
         Op::Reduce { op, axes, .. } => reduce::reduce(*op, axes, arg(0)?, shape),
-        Op::Dot => dot::dot(arg(0)?, arg(1)?, threads),
+        Op::Dot => match prog.packed[id].as_slice() {
+            // A half-precision weight packed widened at compile time.
+            [packed] if node.ty.dtype != DType::F32 => {
+                dot::dot_half_packed(arg(0)?, packed, threads)
+            }
+            _ => dot::dot(arg(0)?, arg(1)?, threads),
+        },
         Op::IntegerDot => Err(CpuError::Internal(
             "integer products are written into a destination (`run_integer_dot`)".into(),
         )),

@@ -119,7 +119,9 @@ impl Backend for CpuBackend {
         vec![
             LoweringRule::Kernel {
                 kernel: compile::KERNEL_ROWWISE,
-                applies: |op, dtype, _rank| matches!(op, Op::Dot) && dtype == DType::F32,
+                applies: |op, dtype, _rank| {
+                    matches!(op, Op::Dot) && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+                },
             },
             LoweringRule::PackOperand {
                 kernel: compile::KERNEL_PACKED,

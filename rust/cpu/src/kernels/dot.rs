@@ -477,17 +477,65 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
 
 /// `a · b` into `dest` for a 2-D f32 `a` and a right operand packed at compile time.
 pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> KResult<()> {
+    match dest.dtype {
+        DType::F32 => packed_product(a, b, dest.slice::<f32>()?, threads),
+        DType::F16 => half_packed_product(a, b, dest.slice::<f16>()?, threads),
+        d => Err(CpuError::Shape(format!(
+            "dot of {} and a packed operand into {d}",
+            a.dtype
+        ))),
+    }
+}
+
+/// `a · b` for a bf16 or f16 `a` and a right operand packed at compile time from its
+/// weight widened to f32 (`Program::packed`): `a` widened, the f32 product, each output
+/// rounded once — the arithmetic of `dot` on half types, without converting the whole
+/// weight every call.
+pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
+    let shape = [a.shape().first().copied().unwrap_or(0), b.cols];
+    match a.dtype {
+        DType::BF16 => Val::build::<bf16>(a.dtype, &shape, |out| {
+            half_packed_product(a, b, out, threads)
+        }),
+        DType::F16 => Val::build::<f16>(a.dtype, &shape, |out| {
+            half_packed_product(a, b, out, threads)
+        }),
+        d => Err(CpuError::Internal(format!(
+            "a half-precision packed product of {d}"
+        ))),
+    }
+}
+
+fn half_packed_product<T: RowWeight>(
+    a: &Val,
+    b: &Packed,
+    out: &mut [T],
+    threads: usize,
+) -> KResult<()> {
+    let wide = cast(a, DType::F32)?;
+    let mut sums = vec![0.0f32; out.len()];
+    packed_product(&wide, b, &mut sums, threads)?;
+    for (o, v) in out.iter_mut().zip(sums) {
+        *o = T::from_f32(v);
+    }
+    Ok(())
+}
+
+/// `out = a · b` for a 2-D f32 `a` and a packed right operand.
+fn packed_product(a: &Val, b: &Packed, out: &mut [f32], threads: usize) -> KResult<()> {
     let sa = a.shape();
     if a.dtype != DType::F32
-        || dest.dtype != DType::F32
         || b.is_left()
         || sa.len() != 2
         || sa[1] != b.rows
-        || dest.numel() != sa[0] * b.cols
+        || out.len() != sa[0] * b.cols
     {
         return Err(CpuError::Shape(format!(
-            "dot of {}{sa:?} and a packed [{}, {}] into {}{:?}",
-            a.dtype, b.rows, b.cols, dest.dtype, dest.shape
+            "dot of {}{sa:?} and a packed [{}, {}] into {} outputs",
+            a.dtype,
+            b.rows,
+            b.cols,
+            out.len()
         )));
     }
     let (m, k, n) = (sa[0], sa[1], b.cols);
@@ -497,7 +545,6 @@ pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> 
         rs: va.strides[0],
         cs: va.strides[1],
     };
-    let out = dest.slice::<f32>()?;
     // SAFETY: `a`'s view addresses m×k elements; `out` holds m×n (checked above); packed
     // operands exist only where `sgemm::available()`.
     unsafe {
