@@ -33,7 +33,7 @@ pub fn attention(
         DType::F32 => attention_t::<f32>(q, k, v, mask, p, threads),
         DType::F64 => attention_t::<f64>(q, k, v, mask, p, threads),
         DType::F16 | DType::BF16 => {
-            let up = |x: &Val| cast(x, DType::F32);
+            let up = widen_keeping_broadcasts;
             let mask = match mask {
                 Some(m) if m.dtype != DType::Bool => Some(up(m)?),
                 Some(m) => Some(m.clone()),
@@ -44,6 +44,29 @@ pub fn attention(
         }
         other => Err(CpuError::Unsupported(format!("attention on {other}"))),
     }
+}
+
+/// `x` in f32, its broadcast dims (stride 0: grouped-query heads shared by several query
+/// heads) still broadcast: only the distinct elements are converted, and the f32 kernel
+/// still sees which heads are shared (a plain cast made a decode step's keys and values
+/// 4× larger, and the attention over them 4× slower).
+fn widen_keeping_broadcasts(x: &Val) -> KResult<Val> {
+    let strides = &x.layout.strides;
+    let mut distinct = x.layout.clone();
+    for (d, &s) in distinct.shape.iter_mut().zip(strides) {
+        if s == 0 {
+            *d = 1;
+        }
+    }
+    let wide = cast(&x.with_layout(distinct)?, DType::F32)?;
+    let mut layout = wide.layout.clone();
+    for (i, &s) in strides.iter().enumerate() {
+        if s == 0 {
+            layout.shape[i] = x.layout.shape[i];
+            layout.strides[i] = 0;
+        }
+    }
+    wide.with_layout(layout)
 }
 
 fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
