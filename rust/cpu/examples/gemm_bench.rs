@@ -2,6 +2,8 @@
 //! (activations packed per call, the weight packed once), medians of many calls in µs and
 //! GFLOP/s, on 1 and 2 threads. Each runs as programs run it: the `gemm` crate inside a
 //! rayon pool of that size, `sgemm` on the caller's thread with Ember's spinning helpers.
+//! One-row products also run row-wise (`rowdot`, the weight as a `linear` stores it), as
+//! one-token decode runs them.
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
