@@ -636,12 +636,41 @@ mod tests {
         );
     }
 
+    /// `g` (one input `[rows, k]`, one output `[rows, n]`, both `dtype`) compiled by a
+    /// backend of `threads` and run once on `xs`.
+    fn run_linear<T: Copy + Default>(
+        g: &Graph,
+        weights: &Weights,
+        dtype: DType,
+        threads: usize,
+        xs: &[T],
+        (rows, k, n): (usize, usize, usize),
+    ) -> Vec<T> {
+        use ember_core::backend::Backend;
+        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
+        assert_eq!(xs.len(), rows * k);
+        let mut got = vec![T::default(); rows * n];
+        let exe = crate::CpuBackend::new(threads).compile(g, weights).unwrap();
+        let input = TensorView {
+            ptr: xs.as_ptr() as *const u8,
+            dtype,
+            shape: vec![rows, k],
+            strides: contiguous_strides(&[rows, k]),
+        };
+        let out = TensorOut {
+            ptr: got.as_mut_ptr() as *mut u8,
+            dtype,
+            shape: vec![rows, n],
+        };
+        // SAFETY: the buffers are live and of the declared sizes.
+        unsafe { exe.run(&[input], &[out]).unwrap() };
+        got
+    }
+
     /// A one-row `linear` (decode) keeps its weight as it is stored: not packed, not
     /// copied, its rows streamed by the row-wise kernel; and the product is right.
     #[test]
     fn a_one_row_linear_reads_its_weight_unpacked() {
-        use ember_core::backend::Backend;
-        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
         let (k, n) = (37, 11);
         let (g, weights, wt, y) = linear_of_rows(1, k, n);
         let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
@@ -653,21 +682,7 @@ mod tests {
             "a view, not a copy"
         );
         let xs: Vec<f32> = (0..k).map(|i| (i as f32 - 10.0) * 0.25).collect();
-        let mut got = vec![0f32; n];
-        let exe = crate::CpuBackend::new(2).compile(&g, &weights).unwrap();
-        let input = TensorView {
-            ptr: xs.as_ptr() as *const u8,
-            dtype: DType::F32,
-            shape: vec![1, k],
-            strides: contiguous_strides(&[1, k]),
-        };
-        let out = TensorOut {
-            ptr: got.as_mut_ptr() as *mut u8,
-            dtype: DType::F32,
-            shape: vec![1, n],
-        };
-        // SAFETY: the buffers are live and of the declared sizes.
-        unsafe { exe.run(&[input], &[out]).unwrap() };
+        let got = run_linear(&g, &weights, DType::F32, 2, &xs, (1, k, n));
         for (j, &g) in got.iter().enumerate() {
             // The fixture's weight element (j, i) is j·k + i.
             let want: f64 = (0..k).map(|i| xs[i] as f64 * (j * k + i) as f64).sum();
@@ -683,8 +698,6 @@ mod tests {
     /// products match a reference summed in f64 to bf16 rounding.
     #[test]
     fn a_bf16_linear_weight_is_packed_widened_for_rows_and_streamed_for_one() {
-        use ember_core::backend::Backend;
-        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
         use half::bf16;
         if !sgemm::available() {
             return;
@@ -721,21 +734,7 @@ mod tests {
             let xs: Vec<bf16> = (0..rows * k)
                 .map(|i| bf16::from_f32((i % 11) as f32 * 0.25 - 1.0))
                 .collect();
-            let mut got = vec![bf16::ZERO; rows * n];
-            let exe = crate::CpuBackend::new(2).compile(&g, &weights).unwrap();
-            let input = TensorView {
-                ptr: xs.as_ptr() as *const u8,
-                dtype: DType::BF16,
-                shape: vec![rows, k],
-                strides: contiguous_strides(&[rows, k]),
-            };
-            let out = TensorOut {
-                ptr: got.as_mut_ptr() as *mut u8,
-                dtype: DType::BF16,
-                shape: vec![rows, n],
-            };
-            // SAFETY: the buffers are live and of the declared sizes.
-            unsafe { exe.run(&[input], &[out]).unwrap() };
+            let got = run_linear(&g, &weights, DType::BF16, 2, &xs, (rows, k, n));
             for r in 0..rows {
                 for j in 0..n {
                     let want: f64 = (0..k)
@@ -792,8 +791,6 @@ mod tests {
     /// the product still right.
     #[test]
     fn a_weight_sliced_reshaped_and_transposed_into_a_product_is_packed() {
-        use ember_core::backend::Backend;
-        use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
         if !sgemm::available() {
             return;
         }
@@ -830,21 +827,7 @@ mod tests {
         let dot = prog.graph.outputs[0];
         assert_eq!(prog.packed[dot].len(), 1, "the weight operand is packed");
         let xs: Vec<f32> = (0..2 * k).map(|i| i as f32 - 4.0).collect();
-        let mut got = vec![0f32; 2 * n];
-        let exe = crate::CpuBackend::new(1).compile(&g, &weights).unwrap();
-        let view = TensorView {
-            ptr: xs.as_ptr() as *const u8,
-            dtype: DType::F32,
-            shape: vec![2, k],
-            strides: contiguous_strides(&[2, k]),
-        };
-        let out = TensorOut {
-            ptr: got.as_mut_ptr() as *mut u8,
-            dtype: DType::F32,
-            shape: vec![2, n],
-        };
-        // SAFETY: the buffers are live and of the declared sizes.
-        unsafe { exe.run(&[view], &[out]).unwrap() };
+        let got = run_linear(&g, &weights, DType::F32, 1, &xs, (2, k, n));
         for r in 0..2 {
             for c in 0..n {
                 let want: f32 = (0..k)

@@ -449,24 +449,10 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
     }
     match a.dtype {
         DType::F32 if takes_rowwise(a, b) => {
-            let bt = transposed(b)?;
-            rowwise_into(
-                &a.view::<f32>()?,
-                &bt.view::<f32>()?,
-                dest.slice()?,
-                threads,
-            );
-            Ok(())
+            rowwise_into_slice::<f32>(a, b, dest.slice()?, threads)
         }
         DType::F16 if takes_rowwise(a, b) => {
-            let bt = transposed(b)?;
-            rowwise_into(
-                &a.view::<f16>()?,
-                &bt.view::<f16>()?,
-                dest.slice()?,
-                threads,
-            );
-            Ok(())
+            rowwise_into_slice::<f16>(a, b, dest.slice()?, threads)
         }
         DType::F32 => gemm_batched::<f32>(a, b, dest.slice()?, threads),
         DType::F64 => gemm_batched::<f64>(a, b, dest.slice()?, threads),
@@ -658,26 +644,31 @@ pub fn dot_rowwise(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
 }
 
 fn rowwise<T: RowWeight + Elem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
-    let (batch, m, k, n) = dims(a, b)?;
-    let r = batch.len();
-    // K must be the unit-stride dim of both operands.
-    let a = if a.view::<T>()?.strides[r + 1] == 1 || k <= 1 {
-        a.clone()
-    } else {
-        a.contiguous()?
-    };
+    let (mut shape, m, _, n) = dims(a, b)?;
+    shape.extend([m, n]);
+    Val::build::<T>(a.dtype, &shape, |out| {
+        rowwise_into_slice::<T>(a, b, out, threads)
+    })
+}
+
+/// `a · b` into `out` (contiguous, the product's shape) by `rowwise_into`; a `b` whose K is
+/// not contiguous is copied once (the kernel streams `[N, K]` rows).
+fn rowwise_into_slice<T: RowWeight>(
+    a: &Val,
+    b: &Val,
+    out: &mut [T],
+    threads: usize,
+) -> KResult<()> {
+    let r = a.shape().len() - 2;
+    let k = a.shape()[r + 1];
     let bt = transposed(b)?;
-    let bt = if bt.view::<T>()?.strides[r + 1] == 1 || k <= 1 {
+    let bt = if bt.layout.strides[r + 1] == 1 || k <= 1 {
         bt
     } else {
         bt.contiguous()?
     };
-    let mut shape = batch;
-    shape.extend([m, n]);
-    Val::build::<T>(a.dtype, &shape, |out| {
-        rowwise_into(&a.view::<T>()?, &bt.view::<T>()?, out, threads);
-        Ok(())
-    })
+    rowwise_into(&a.view::<T>()?, &bt.view::<T>()?, out, threads);
+    Ok(())
 }
 
 /// `b` (`[B.., K, N]`) with its last two dims swapped: a view.
@@ -689,26 +680,22 @@ fn transposed(b: &Val) -> KResult<Val> {
 }
 
 /// Whether `a · b` takes the row-wise kernel without being asked: f32, bf16 or f16
-/// products of one row per batch (one-token decode) whose operands both have K
-/// contiguous, as a `linear` weight read transposed does. A GEMM would pack such a `b` on
+/// products of one row per batch (one-token decode) whose `b` has K contiguous, as a
+/// `linear` weight read transposed does (the same test as the compile's, which then packs
+/// no copy: `compile::single_row`). A GEMM would pack such a `b` on
 /// every call (or hold a packed copy as large as the weight; for half types, convert it
 /// whole); streaming its rows once is all the product needs.
 pub fn takes_rowwise(a: &Val, b: &Val) -> bool {
     if a.dtype != b.dtype || !matches!(a.dtype, DType::F32 | DType::BF16 | DType::F16) {
         return false;
     }
-    let (shape, a_strides) = (a.shape(), &a.layout.strides);
-    let r = shape.len();
-    r >= 2
-        && b.shape().len() == r
-        && shape[r - 2] == 1
-        && a_strides[r - 1] == 1
-        && b.layout.strides[r - 2] == 1
+    let r = a.shape().len();
+    r >= 2 && b.shape().len() == r && a.shape()[r - 2] == 1 && b.layout.strides[r - 2] == 1
 }
 
 /// `out = a · bᵀ` (contiguous `[B.., M, N]`) for `a` `[B.., M, K]` and `bt` `[B.., N, K]`,
-/// both with K contiguous (or K ≤ 1): runs of outputs in one row are `rows_dot` calls.
-/// Rows of a half-precision `a` are widened to f32 once, outputs rounded once.
+/// `bt` with K contiguous (or K ≤ 1): runs of outputs in one row are `rows_dot` calls.
+/// Rows of `a` other than contiguous f32 are gathered into f32 once, outputs rounded once.
 fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], threads: usize) {
     let r = va.shape.len() - 2;
     let (m, k, n) = (va.shape[r], va.shape[r + 1], vbt.shape[r]);
@@ -721,20 +708,23 @@ fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], thread
     }
     let offs = batch_offsets(&va.shape[..r], [&va.strides, &vbt.strides]);
     let ars = va.strides[r];
-    let a_row = |row: usize| va.run(offs[row / m][0] + (row % m) as isize * ars, k);
-    // Every row of a half-precision `a` in f32, back to back (rows are few: this is the
-    // one-row shape); f32 rows are read in place.
-    let is_f32 = crate::elem::as_f32::<T>(&[]).is_some();
-    let widened: Vec<f32> = match is_f32 {
+    let (row_start, acs) = (
+        |row: usize| offs[row / m][0] + (row % m) as isize * ars,
+        va.strides[r + 1],
+    );
+    // Every row of `a` in f32, back to back, unless `a` is f32 with K contiguous (read in
+    // place): rows are few, this being the one-row shape.
+    let in_place = acs == 1 && crate::elem::as_f32::<T>(&[]).is_some();
+    let gathered: Vec<f32> = match in_place {
         true => Vec::new(),
         false => (0..offs.len() * m)
-            .flat_map(|row| a_row(row).iter().map(|v| v.to_f32()))
+            .flat_map(|row| (0..k as isize).map(move |p| va.at(row_start(row) + p * acs).to_f32()))
             .collect(),
     };
     let x_row = |row: usize| -> &[f32] {
-        match crate::elem::as_f32(a_row(row)) {
-            Some(x) => x,
-            None => &widened[row * k..(row + 1) * k],
+        match in_place {
+            true => crate::elem::as_f32(va.run(row_start(row), k)).unwrap_or(&[]),
+            false => &gathered[row * k..(row + 1) * k],
         }
     };
     let brs = vbt.strides[r];
