@@ -27,6 +27,13 @@ pub fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
         .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
 }
 
+/// The slice as bf16 when `T` is bf16 itself.
+pub fn as_bf16<T: 'static>(s: &[T]) -> Option<&[bf16]> {
+    // SAFETY: T is bf16.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<bf16>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
 /// `as_f32` of a mutable slice.
 pub fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
     // SAFETY: T is f32.

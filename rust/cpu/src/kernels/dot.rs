@@ -6,7 +6,7 @@ use ember_core::dtype::DType;
 use half::{bf16, f16};
 
 use super::elementwise::cast;
-use super::rowdot::{rows_dot, RowWeight};
+use super::rowdot::{bf16_pairs_available, rows_dot, rows_dot_bf16, RowWeight};
 use super::sgemm::{self, Operand, Packed, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
@@ -712,14 +712,23 @@ fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], thread
         |row: usize| offs[row / m][0] + (row % m) as isize * ars,
         va.strides[r + 1],
     );
-    // Every row of `a` in f32, back to back, unless `a` is f32 with K contiguous (read in
-    // place): rows are few, this being the one-row shape.
+    // Every row of `a` back to back, rows being few in this one-row shape: bf16 kept bf16
+    // against bf16 rows where `vdpbf16ps` takes them, else in f32 unless `a` is f32 with K
+    // contiguous (read in place).
+    let bf16_pairs = crate::elem::as_bf16::<T>(&[]).is_some() && bf16_pairs_available();
     let in_place = acs == 1 && crate::elem::as_f32::<T>(&[]).is_some();
-    let gathered: Vec<f32> = match in_place {
-        true => Vec::new(),
-        false => (0..offs.len() * m)
+    let all_rows = || {
+        (0..offs.len() * m)
             .flat_map(|row| (0..k as isize).map(move |p| va.at(row_start(row) + p * acs).to_f32()))
-            .collect(),
+    };
+    let gathered_bf16: Vec<bf16> = match bf16_pairs {
+        // Exact: the values were bf16.
+        true => all_rows().map(bf16::from_f32).collect(),
+        false => Vec::new(),
+    };
+    let gathered: Vec<f32> = match in_place || bf16_pairs {
+        true => Vec::new(),
+        false => all_rows().collect(),
     };
     let x_row = |row: usize| -> &[f32] {
         match in_place {
@@ -727,6 +736,13 @@ fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], thread
             false => &gathered[row * k..(row + 1) * k],
         }
     };
+    let dot_rows =
+        |row: usize, w: &[T], stride: usize, dst: &mut [f32]| match crate::elem::as_bf16(w)
+            .filter(|_| bf16_pairs)
+        {
+            Some(w) => rows_dot_bf16(&gathered_bf16[row * k..(row + 1) * k], w, stride, dst),
+            None => rows_dot(x_row(row), w, stride, dst),
+        };
     let brs = vbt.strides[r];
     // Outputs `start..` of a task: runs of one output row each (at most a chunk), the
     // weight rows they read `brs` apart (one by one if the stride is negative).
@@ -738,17 +754,16 @@ fn rowwise_into<T: RowWeight>(va: &View<T>, vbt: &View<T>, out: &mut [T], thread
             let (row, j) = (flat / n, flat % n);
             let count = (n - j).min(o.len() - done).min(ROWWISE_CHUNK);
             let ob = offs[row / m][1];
-            let x = x_row(row);
             let dst = &mut sums[..count];
             match usize::try_from(brs) {
                 Ok(stride) => {
                     let w = vbt.run(ob + j as isize * brs, (count - 1) * stride + k);
-                    rows_dot(x, w, stride, dst);
+                    dot_rows(row, w, stride, dst);
                 }
                 Err(_) => {
                     for (t, d) in dst.iter_mut().enumerate() {
                         let w = vbt.run(ob + (j + t) as isize * brs, k);
-                        rows_dot(x, w, 0, std::slice::from_mut(d));
+                        dot_rows(row, w, 0, std::slice::from_mut(d));
                     }
                 }
             }

@@ -9,6 +9,12 @@
 //! steps of k) so eight FMA chains are in flight, enough to hide the FMA latency when the
 //! weight sits in cache. The sum is reassociated (lanes, then the two accumulators), which
 //! differs from a GEMM's in-order sum only by rounding.
+//!
+//! bf16 activations against bf16 rows (a bf16 model's decode) take `vdpbf16ps` where the
+//! CPU has AVX512-BF16 (`rows_dot_bf16`): it multiplies pairs of bf16 values exactly and
+//! sums them into f32 lanes, so neither operand is widened and the stream is no longer
+//! bound by the widening's shifts. Inputs and outputs below f32's normal range flush to
+//! zero there (the instruction's rule), far below a bf16 product's rounding.
 
 use half::{bf16, f16};
 
@@ -146,6 +152,51 @@ pub fn rows_dot<W: RowWeight>(x: &[f32], w: &[W], row_stride: usize, out: &mut [
     }
 }
 
+/// Whether `rows_dot_bf16` runs `vdpbf16ps`: the AVX-512 kernels are on (`EMBER_CPU_AVX512`)
+/// and the CPU has AVX512-BF16 and AVX512-BW (its masked 16-bit loads take the tails).
+pub fn bf16_pairs_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            crate::simd::avx512_available()
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `rows_dot` of bf16 activations: `out[j] = Σ_p x[p]·w[j·row_stride + p]`, f32 sums.
+/// Pairs of bf16 products summed by `vdpbf16ps` where `bf16_pairs_available`, else `x`
+/// widened (exactly) and `rows_dot`.
+///
+/// # Panics
+/// As `rows_dot`.
+pub fn rows_dot_bf16(x: &[bf16], w: &[bf16], row_stride: usize, out: &mut [f32]) {
+    let (k, n) = (x.len(), out.len());
+    if n == 0 {
+        return;
+    }
+    assert!(
+        w.len() >= (n - 1) * row_stride + k,
+        "rows_dot_bf16: {} weight elements for {n} rows of {k}, {row_stride} apart",
+        w.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if bf16_pairs_available() {
+        // SAFETY: AVX-512F/BW/BF16 are present; every row's k elements lie in `w` (checked
+        // above).
+        unsafe { x86::rows_bf16_pairs(x, w.as_ptr(), row_stride, out) };
+        return;
+    }
+    let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    rows_dot(&wide, w, row_stride, out);
+}
+
 /// Σ x·y with eight independent accumulators (vectorizes without FMA).
 pub fn scalar_dot<W: RowWeight>(x: &[f32], y: &[W]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -166,6 +217,7 @@ pub fn scalar_dot<W: RowWeight>(x: &[f32], y: &[W]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::RowWeight;
+    use half::bf16;
     use std::arch::x86_64::*;
 
     /// Rows of the tile: four share each vector of `x`.
@@ -206,6 +258,73 @@ mod x86 {
                 };
                 j += 1;
             }
+        }
+    }
+
+    /// `rows` for bf16 activations, by `tile_bf16_pairs`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/BF16 are present; row `j`'s `x.len()` elements start at
+    /// `w + j·row_stride` and are readable.
+    pub unsafe fn rows_bf16_pairs(x: &[bf16], w: *const bf16, row_stride: usize, out: &mut [f32]) {
+        let k = x.len();
+        let mut j = 0;
+        // SAFETY (whole body): row pointers stay within the caller's contract.
+        unsafe {
+            while j + R <= out.len() {
+                let rows: [*const bf16; R] = std::array::from_fn(|r| w.add((j + r) * row_stride));
+                out[j..j + R].copy_from_slice(&tile_bf16_pairs::<R>(x.as_ptr(), rows, k));
+                j += R;
+            }
+            while j < out.len() {
+                out[j] = tile_bf16_pairs::<1>(x.as_ptr(), [w.add(j * row_stride)], k)[0];
+                j += 1;
+            }
+        }
+    }
+
+    /// Σ over k of bf16 pairs: each `vdpbf16ps` step takes 32 elements of x and of a row
+    /// (16 lanes of two products each); the tail's masked loads read zeros past k.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::needless_range_loop)] // `r` indexes the rows and their accumulators
+    unsafe fn tile_bf16_pairs<const T: usize>(
+        x: *const bf16,
+        w: [*const bf16; T],
+        k: usize,
+    ) -> [f32; T] {
+        // 32 bf16 as the instruction's operand type (the same 512 bits).
+        #[inline(always)]
+        fn pairs(v: __m512i) -> __m512bh {
+            // SAFETY: both are 512 plain bits.
+            unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+        }
+        // SAFETY (whole body): full loads stay below k elements of x and of each row; the
+        // masked loads touch only elements below k.
+        unsafe {
+            let load = |p: *const bf16| pairs(_mm512_loadu_si512(p as *const __m512i));
+            let mut even = [_mm512_setzero_ps(); T];
+            let mut odd = [_mm512_setzero_ps(); T];
+            let mut p = 0;
+            while p + 64 <= k {
+                let (x0, x1) = (load(x.add(p)), load(x.add(p + 32)));
+                for r in 0..T {
+                    even[r] = _mm512_dpbf16_ps(even[r], x0, load(w[r].add(p)));
+                    odd[r] = _mm512_dpbf16_ps(odd[r], x1, load(w[r].add(p + 32)));
+                }
+                p += 64;
+            }
+            while p < k {
+                let left = k - p;
+                let mask: __mmask32 = if left >= 32 { !0 } else { (1u32 << left) - 1 };
+                let masked =
+                    |q: *const bf16| pairs(_mm512_maskz_loadu_epi16(mask, q as *const i16));
+                let x0 = masked(x.add(p));
+                for r in 0..T {
+                    even[r] = _mm512_dpbf16_ps(even[r], x0, masked(w[r].add(p)));
+                }
+                p += 32;
+            }
+            std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])))
         }
     }
 
@@ -370,6 +489,51 @@ mod tests {
     #[test]
     fn f16_rows_match_a_f64_reference_for_every_tail_of_rows_and_k() {
         matches_reference::<f16>();
+    }
+
+    #[test]
+    fn bf16_activations_match_a_f64_reference_for_every_tail_of_rows_and_k() {
+        // k around the pair step (32), the unrolled step (64) and odd lengths.
+        for k in [1, 2, 31, 32, 33, 63, 64, 65, 96, 127, 130, 257] {
+            for n in [1, 3, 4, 5, 9] {
+                for pad in [0, 3] {
+                    let stride = k + pad;
+                    let x: Vec<bf16> = values(k, (k * 13 + n) as u32)
+                        .into_iter()
+                        .map(bf16::from_f32)
+                        .collect();
+                    let w: Vec<bf16> = values((n - 1) * stride + k, (k + 5 * n) as u32)
+                        .into_iter()
+                        .map(bf16::from_f32)
+                        .collect();
+                    let mut out = vec![f32::NAN; n];
+                    rows_dot_bf16(&x, &w, stride, &mut out);
+                    let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                    let want = reference(&wide, &w, stride, n);
+                    for (j, (&got, want)) in out.iter().zip(want).enumerate() {
+                        let tol = 1e-5 * (1.0 + k as f64);
+                        assert!(
+                            (got as f64 - want).abs() <= tol,
+                            "k {k} n {n} stride {stride} row {j}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_activations_keep_infinities_and_nans() {
+        let k = 40;
+        let mut x = vec![bf16::from_f32(1.0); k];
+        let w = vec![bf16::from_f32(0.5); 3 * k];
+        x[35] = bf16::INFINITY;
+        let mut out = [0.0f32; 3];
+        rows_dot_bf16(&x, &w, k, &mut out);
+        assert!(out.iter().all(|v| *v == f32::INFINITY), "{out:?}");
+        x[3] = bf16::NAN;
+        rows_dot_bf16(&x, &w, k, &mut out);
+        assert!(out.iter().all(|v| v.is_nan()), "{out:?}");
     }
 
     #[test]
