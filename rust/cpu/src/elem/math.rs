@@ -211,25 +211,25 @@ impl FloatElem for f64 {
 
 impl FloatElem for f16 {
     type C = f32;
-    #[inline]
+    #[inline(always)]
     fn load(self) -> f32 {
-        self.to_f32()
+        super::halfconv::f16_to_f32(self)
     }
-    #[inline]
+    #[inline(always)]
     fn store(c: f32) -> f16 {
-        f16::from_f32(c)
+        super::halfconv::f32_to_f16(c)
     }
 }
 
 impl FloatElem for bf16 {
     type C = f32;
-    #[inline]
+    #[inline(always)]
     fn load(self) -> f32 {
-        self.to_f32()
+        super::halfconv::bf16_to_f32(self)
     }
-    #[inline]
+    #[inline(always)]
     fn store(c: f32) -> bf16 {
-        bf16::from_f32(c)
+        super::halfconv::f32_to_bf16(c)
     }
 }
 

@@ -190,35 +190,37 @@ impl Elem for f64 {
     }
 }
 
+// Conversions through f32 by `halfconv` (exact widening; one rounding to the half type, as
+// torch converts doubles), so that cast loops vectorize.
 macro_rules! half_elem {
-    ($t:ty, $d:ident) => {
+    ($t:ty, $d:ident, $widen:path, $narrow:path) => {
         impl Elem for $t {
             const DTYPE: DType = DType::$d;
             const IS_FLOAT: bool = true;
-            #[inline]
+            #[inline(always)]
             fn to_f64(self) -> f64 {
-                <$t>::to_f64(self)
+                $widen(self) as f64
             }
-            #[inline]
+            #[inline(always)]
             fn to_i64(self) -> i64 {
-                <$t>::to_f64(self) as i64
+                $widen(self) as i64
             }
-            #[inline]
+            #[inline(always)]
             fn from_f64(v: f64) -> Self {
-                // Through f32, as torch converts doubles to half types.
-                <$t>::from_f32(v as f32)
+                $narrow(v as f32)
             }
-            #[inline]
+            #[inline(always)]
             fn from_i64(v: i64) -> Self {
-                <$t>::from_f32(v as f32)
+                $narrow(v as f32)
             }
         }
     };
 }
-half_elem!(f16, F16);
-half_elem!(bf16, BF16);
+half_elem!(f16, F16, halfconv::f16_to_f32, halfconv::f32_to_f16);
+half_elem!(bf16, BF16, halfconv::bf16_to_f32, halfconv::f32_to_bf16);
 
 mod fastmath;
+pub mod halfconv;
 mod math;
 pub mod vecmath;
 
