@@ -63,11 +63,13 @@ impl RowWeight for f32 {
 }
 
 impl RowWeight for bf16 {
+    #[inline(always)]
     fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+        crate::elem::halfconv::bf16_to_f32(self)
     }
+    #[inline(always)]
     fn from_f32(v: f32) -> bf16 {
-        bf16::from_f32(v)
+        crate::elem::halfconv::f32_to_bf16(v)
     }
     // A bf16 is the high half of an f32: zero-extend to 32 bits and shift left by 16.
     #[cfg(target_arch = "x86_64")]
@@ -93,11 +95,13 @@ impl RowWeight for bf16 {
 }
 
 impl RowWeight for f16 {
+    #[inline(always)]
     fn to_f32(self) -> f32 {
-        f16::to_f32(self)
+        crate::elem::halfconv::f16_to_f32(self)
     }
+    #[inline(always)]
     fn from_f32(v: f32) -> f16 {
-        f16::from_f32(v)
+        crate::elem::halfconv::f32_to_f16(v)
     }
     #[cfg(target_arch = "x86_64")]
     fn loads_available() -> bool {
