@@ -360,28 +360,42 @@ fn attention_causal_and_masked() {
 /// Grouped-query attention as models write it: each of 2 key/value heads repeated for 3
 /// query heads (`reshape(expand(reshape(k)))`), which the backend attends in place
 /// (`grouped_attention.rs`) — decode and prefill rows, causal, masked, and a repeat that
-/// is also an output (so it must still be computed).
+/// is also an output (so it must still be computed). Half-precision decode rows read the
+/// keys and values as stored, widened in the kernel's registers.
 #[test]
 fn grouped_query_attention_reads_shared_heads_in_place() {
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        grouped_query_attention(dtype);
+    }
+}
+
+fn grouped_query_attention(dtype: DType) {
     use ember_core::dim::Dim;
     let mut rng = Rng::new(27);
     let dims = |v: &[usize]| v.iter().map(|&d| Dim::Const(d as i64)).collect::<Vec<_>>();
+    let tol = match dtype {
+        DType::F16 => 4e-3,
+        DType::BF16 => 3e-2,
+        _ => 1e-5,
+    };
     // Decode rows run each group's query heads as one batch (`shared_kv_runs`): a mask
-    // per head must still reach its own row, and widths of 32 + 8 take the AVX2 blocks.
+    // per head must still reach its own row, and widths of 32 + 8 (+ 3) take the AVX2
+    // blocks and the scalar tail.
     for (rows, causal, masked, repeat_out, mask_per_head, (e, ev)) in [
         (1, false, false, false, false, (8, 6)),
         (1, false, true, false, false, (8, 6)),
         (1, false, true, false, true, (32, 40)),
         (1, true, false, false, false, (32, 40)),
         (1, false, true, false, true, (12, 8)),
+        (1, false, false, false, false, (43, 43)),
         (4, true, false, false, false, (8, 6)),
         (4, false, true, true, false, (8, 6)),
     ] {
         let (b, hkv, group, s) = (2, 2, 3, 9);
         let mut g = Graph::new();
-        let q = input(&mut g, 0, DType::F32, &[b, hkv * group, rows, e]);
-        let k = input(&mut g, 1, DType::F32, &[b, hkv, s, e]);
-        let v = input(&mut g, 2, DType::F32, &[b, hkv, s, ev]);
+        let q = input(&mut g, 0, dtype, &[b, hkv * group, rows, e]);
+        let k = input(&mut g, 1, dtype, &[b, hkv, s, e]);
+        let v = input(&mut g, 2, dtype, &[b, hkv, s, ev]);
         let repeat = |g: &mut Graph, x: usize, width: usize| {
             let one = g
                 .add(
@@ -413,17 +427,17 @@ fn grouped_query_attention_reads_shared_heads_in_place() {
         let (rk, rv) = (repeat(&mut g, k, e), repeat(&mut g, v, ev));
         let mut ins = vec![q, rk, rv];
         let mut vals = vec![
-            random(&mut rng, DType::F32, &[b, hkv * group, rows, e], -2.0, 2.0),
-            random(&mut rng, DType::F32, &[b, hkv, s, e], -2.0, 2.0),
-            random(&mut rng, DType::F32, &[b, hkv, s, ev], -2.0, 2.0),
+            random(&mut rng, dtype, &[b, hkv * group, rows, e], -2.0, 2.0),
+            random(&mut rng, dtype, &[b, hkv, s, e], -2.0, 2.0),
+            random(&mut rng, dtype, &[b, hkv, s, ev], -2.0, 2.0),
         ];
         if masked && mask_per_head {
             // An additive mask of its own for every query head.
-            let m = input(&mut g, 3, DType::F32, &[b, hkv * group, rows, s]);
+            let m = input(&mut g, 3, dtype, &[b, hkv * group, rows, s]);
             ins.push(m);
             vals.push(random(
                 &mut rng,
-                DType::F32,
+                dtype,
                 &[b, hkv * group, rows, s],
                 -3.0,
                 0.0,
@@ -460,8 +474,8 @@ fn grouped_query_attention_reads_shared_heads_in_place() {
             g.outputs.push(rk);
         }
         let what = format!(
-            "grouped attention rows={rows} causal={causal} masked={masked} per head={mask_per_head} e={e} ev={ev}"
+            "grouped attention {dtype} rows={rows} causal={causal} masked={masked} per head={mask_per_head} e={e} ev={ev}"
         );
-        check_with(&g, &Weights::new(), &vals, 1e-5, &what);
+        check_with(&g, &Weights::new(), &vals, tol, &what);
     }
 }

@@ -1,12 +1,15 @@
 //! Scaled dot-product attention per batch: scores = q·kᵀ·scale (gemm, k read transposed
 //! through its strides), causal / bool / additive mask, max-subtracted softmax, then ·v.
-//! f16/bf16 run in f32.
+//! f16/bf16 run in f32; where few query rows read each key (decode) the f32 loops read
+//! half-precision keys and values as stored, widened in registers.
 
 use ember_core::dtype::DType;
+use half::{bf16, f16};
 
 use super::dot::{gemm_into, GemmElem, Mat};
 use super::elementwise::cast;
 use super::norm::softmax_numerators_in_place;
+use super::rowdot::RowWeight;
 use super::sgemm::{self, Operand};
 use crate::buffer::{Val, View};
 use crate::elem::{FloatElem, Real, B8};
@@ -30,8 +33,8 @@ pub fn attention(
     threads: usize,
 ) -> KResult<Val> {
     match q.dtype {
-        DType::F32 => attention_t::<f32>(q, k, v, mask, p, threads),
-        DType::F64 => attention_t::<f64>(q, k, v, mask, p, threads),
+        DType::F32 => attention_t::<f32, f32>(q, k, v, mask, p, threads),
+        DType::F64 => attention_t::<f64, f64>(q, k, v, mask, p, threads),
         DType::F16 | DType::BF16 => {
             let up = widen_keeping_broadcasts;
             let mask = match mask {
@@ -39,8 +42,19 @@ pub fn attention(
                 Some(m) => Some(m.clone()),
                 None => None,
             };
-            let out = attention_t::<f32>(&up(q)?, &up(k)?, &up(v)?, mask.as_ref(), p, threads)?;
-            cast(&out, q.dtype)
+            let (dtype, q, mask) = (q.dtype, up(q)?, mask.as_ref());
+            // Decode reads the keys and values as stored; widening them whole first cost
+            // more than the attention over them.
+            let out = match (k.dtype, v.dtype, direct_rows(&q, k, v)) {
+                (DType::BF16, DType::BF16, true) if fast_reads(RowKind::Bf16) => {
+                    attention_t::<f32, bf16>(&q, k, v, mask, p, threads)?
+                }
+                (DType::F16, DType::F16, true) if fast_reads(RowKind::F16) => {
+                    attention_t::<f32, f16>(&q, k, v, mask, p, threads)?
+                }
+                _ => attention_t::<f32, f32>(&q, &up(k)?, &up(v)?, mask, p, threads)?,
+            };
+            cast(&out, dtype)
         }
         other => Err(CpuError::Unsupported(format!("attention on {other}"))),
     }
@@ -69,7 +83,78 @@ fn widen_keeping_broadcasts(x: &Val) -> KResult<Val> {
     wide.with_layout(layout)
 }
 
-fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
+/// How the f32 direct loops (`fast`) read key and value rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowKind {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Whether the f32 direct loops run here and read rows of `kind`.
+fn fast_reads(kind: RowKind) -> bool {
+    sgemm::available()
+        && match kind {
+            RowKind::F32 | RowKind::Bf16 => true,
+            RowKind::F16 => f16::loads_available(),
+        }
+}
+
+/// An element of the keys and values: the computation's own type `T`, or (for `T` = f32)
+/// a half type that the direct loops widen as they load it.
+trait KvElem<T>: Copy + Send + Sync + 'static {
+    /// How the f32 direct loops read it (`None`: they do not).
+    const KIND: Option<RowKind>;
+    fn widen(self) -> T;
+}
+
+impl KvElem<f32> for f32 {
+    const KIND: Option<RowKind> = Some(RowKind::F32);
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem<f64> for f64 {
+    const KIND: Option<RowKind> = None;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+}
+
+impl KvElem<f32> for bf16 {
+    const KIND: Option<RowKind> = Some(RowKind::Bf16);
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl KvElem<f32> for f16 {
+    const KIND: Option<RowKind> = Some(RowKind::F16);
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        RowWeight::to_f32(self)
+    }
+}
+
+/// Whether attention of these operands takes the direct loops (few query rows per batch,
+/// rows contiguous along the head dim) rather than GEMMs.
+fn direct_rows(q: &Val, k: &Val, v: &Val) -> bool {
+    let (sq, sk, sv) = (q.shape(), k.shape(), v.shape());
+    let r = sq.len();
+    if r < 2 || sk.len() != r || sv.len() != r {
+        return false;
+    }
+    let unit = |x: &Val, n: usize| n <= 1 || x.layout.strides[r - 1] == 1;
+    sq[r - 2] <= DIRECT_MAX_ROWS && unit(q, sq[r - 1]) && unit(k, sk[r - 1]) && unit(v, sv[r - 1])
+}
+
+/// Attention computed in `T`, keys and values read as `W` (`T` itself, or a half type when
+/// the direct loops take them: `direct_rows` and `fast_reads`).
+fn attention_t<T: GemmElem + FloatElem<C = T> + Real, W: KvElem<T>>(
     q: &Val,
     k: &Val,
     v: &Val,
@@ -104,7 +189,21 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
             )));
         }
     }
-    let (vq, vk, vv) = (q.view::<T>()?, k.view::<T>()?, v.view::<T>()?);
+    let (vq, vk, vv) = (q.view::<T>()?, k.view::<W>()?, v.view::<W>()?);
+    // The GEMM path reads keys and values as `T`; the caller widens them for it.
+    let same = std::any::TypeId::of::<W>() == std::any::TypeId::of::<T>();
+    let gemm_kv = match same {
+        true => Some((k.view::<T>()?, v.view::<T>()?)),
+        false => None,
+    };
+    // The f32 loops of `fast` read the rows (AVX2 + FMA; F16C for f16 rows).
+    let fast_kind = W::KIND.filter(|&kind| T::DTYPE == DType::F32 && fast_reads(kind));
+    if !(same || direct_rows(q, k, v) && fast_kind.is_some()) {
+        return Err(CpuError::Internal(format!(
+            "attention reading {} keys as stored outside the direct loops",
+            k.dtype
+        )));
+    }
     let bool_mask = match mask {
         Some(m) if m.dtype == DType::Bool => Some(m.view::<B8>()?),
         _ => None,
@@ -191,11 +290,18 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         // f32 with sgemm: every distinct key matrix (query heads sharing a key/value head
         // share one) packed once, transposed, into sgemm's panel layout; each block of
         // queries then reads the prefix of keys it sees without packing them again.
-        let packed_keys = (T::DTYPE == DType::F32 && sgemm::available() && !direct_ok)
-            .then(|| pack_keys(&vk, &offs, (s, e), threads));
+        let packed_keys = match &gemm_kv {
+            Some((vk, _)) if T::DTYPE == DType::F32 && sgemm::available() && !direct_ok => {
+                Some(pack_keys(vk, &offs, (s, e), threads))
+            }
+            _ => None,
+        };
         // Rows `i0..` of batch `b` (`o` holds them): scores against the keys those rows can
         // see (causal: the first `i0 + rows`), their softmax, then the weighted values.
         let by_gemm = |o: &mut [T], b: usize, i0: usize, t: usize| {
+            // Present: keys and values of another type than `T` take the direct loops only
+            // (checked above).
+            let Some((vk, vv)) = &gemm_kv else { return };
             let [oq, ok, ov, om] = offs[b];
             let rows = o.len() / ev;
             let keys = if p.causal { s.min(i0 + rows) } else { s };
@@ -218,7 +324,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                         }
                     }
                     None => {
-                        let mk = Mat::of(&vk, ok, nb).transposed();
+                        let mk = Mat::of(vk, ok, nb).transposed();
                         // SAFETY: q's rows i0.. and k's first `keys` rows lie in checked views;
                         // scores holds rows·keys elements.
                         unsafe { gemm_into(scores, keys, (rows, keys, e), mq, mk, t) };
@@ -234,7 +340,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                 };
                 // SAFETY: scores is rows×keys and alive; v's first `keys` rows lie in a checked
                 // view; o holds rows·ev elements.
-                unsafe { gemm_into(o, ev, (rows, ev, keys), mp, Mat::of(&vv, ov, nb), t) };
+                unsafe { gemm_into(o, ev, (rows, ev, keys), mp, Mat::of(vv, ov, nb), t) };
                 simd::wide(
                     #[inline(always)]
                     || scale_rows(o, ev, &factors),
@@ -243,7 +349,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
         };
         // f32 on AVX2 + FMA: the products in registers (the generic loops below keep an
         // output row in memory and did not vectorize the dot products well).
-        let avx2_f32 = T::DTYPE == DType::F32 && sgemm::available();
+        let avx2_f32 = fast_kind;
         // Batches `b0..b0 + batches` (several only when each has one query row and all
         // read the same keys and values, with queries `dq` apart: see `shared_kv_runs`)
         // into `o`, as one batch of `rows` query rows.
@@ -257,15 +363,15 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
             };
             with_scores(rows * s, |scores: &mut [T]| {
                 let (q, k, v) = ((&vq, oq, q_stride), (&vk, ok, ks), (&vv, ov, vs));
-                if avx2_f32 {
-                    // SAFETY: T is f32 (checked above); the rows lie in checked views with unit
-                    // stride along e/ev (`direct_ok`); scores holds rows·s and o rows·ev
-                    // elements.
+                if let Some(kind) = avx2_f32 {
+                    // SAFETY: T is f32 and W is read as `kind` (`fast_kind`); the rows lie in
+                    // checked views with unit stride along e/ev (`direct_ok`); scores holds
+                    // rows·s and o rows·ev elements.
                     unsafe {
                         fast::scores(
                             scores.as_mut_ptr().cast(),
                             rows_f32(q),
-                            rows_f32(k),
+                            (row_bytes(k), kind),
                             (rows, s, e),
                         )
                     };
@@ -281,13 +387,13 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real>(
                         finish_row(row, i, om)
                     })
                     .collect();
-                if avx2_f32 {
+                if let Some(kind) = avx2_f32 {
                     // SAFETY: as above.
                     unsafe {
                         fast::weighted(
                             o.as_mut_ptr().cast(),
                             scores.as_ptr().cast(),
-                            rows_f32(v),
+                            (row_bytes(v), kind),
                             (rows, s, ev),
                         )
                     };
@@ -503,10 +609,10 @@ type Rows<'a, T> = (&'a View<T>, isize, isize);
 /// key row is read once for all query rows. A named, always-inlined function so that all of
 /// it lands in `simd::wide`'s AVX2 copy (a closure body there stayed an SSE call).
 #[inline(always)]
-fn scores_direct<T: Real>(
+fn scores_direct<T: Real, W: KvElem<T>>(
     scores: &mut [T],
     (q, oq, qs): Rows<T>,
-    (k, ok, ks): Rows<T>,
+    (k, ok, ks): Rows<W>,
     (l, s, e): (usize, usize, usize),
 ) {
     for j in 0..s {
@@ -520,14 +626,19 @@ fn scores_direct<T: Real>(
 /// `o_i = Σ_j p[i·s + j] · v_j` for the rows of `o` (each `ev` long): each value row is read
 /// once for all of them.
 #[inline(always)]
-fn weighted_rows<T: Real>(o: &mut [T], p: &[T], (v, ov, vs): Rows<T>, (s, ev): (usize, usize)) {
+fn weighted_rows<T: Real, W: KvElem<T>>(
+    o: &mut [T],
+    p: &[T],
+    (v, ov, vs): Rows<W>,
+    (s, ev): (usize, usize),
+) {
     o.fill(<T as Real>::ZERO);
     for j in 0..s {
         let vrow = v.run(ov + j as isize * vs, ev);
         for (i, orow) in o.chunks_exact_mut(ev).enumerate() {
             let w = p[i * s + j];
             for (d, &x) in orow.iter_mut().zip(vrow) {
-                *d = *d + w * x;
+                *d = *d + w * x.widen();
             }
         }
     }
@@ -538,48 +649,69 @@ fn rows_f32<T>((v, off, stride): Rows<T>) -> (*const f32, isize) {
     (v.ptr.wrapping_offset(off).cast(), stride)
 }
 
-/// The direct kernel's two loops for f32 with AVX2 and FMA.
+/// Row 0's address and the row stride (in elements), for the f32 kernels reading rows of
+/// the kind they are told.
+fn row_bytes<W>((v, off, stride): Rows<W>) -> (*const u8, isize) {
+    (v.ptr.wrapping_offset(off).cast(), stride)
+}
+
+/// The direct kernel's two loops for f32 with AVX2 and FMA; key and value rows are f32,
+/// or bf16/f16 widened as they are loaded (`RowWeight`).
 mod fast {
-    /// `scores[i·s + j] = q_i · k_j` (rows of `e` contiguous elements).
+    use super::RowKind;
+    #[cfg(target_arch = "x86_64")]
+    use half::{bf16, f16};
+
+    /// `scores[i·s + j] = q_i · k_j` (rows of `e` contiguous elements; k's of `kind`).
     ///
     /// # Safety
-    /// `sgemm::available()`; `l` q rows and `s` k rows readable; `scores` holds l·s.
+    /// `fast_reads(kind)`; `l` q rows and `s` k rows readable; `scores` holds l·s.
     pub unsafe fn scores(
         scores: *mut f32,
         (q, qs): (*const f32, isize),
-        (k, ks): (*const f32, isize),
+        ((k, ks), kind): ((*const u8, isize), RowKind),
         (l, s, e): (usize, usize, usize),
     ) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
         unsafe {
-            x86::scores(scores, (q, qs), (k, ks), (l, s, e))
+            let dims = (l, s, e);
+            match kind {
+                RowKind::F32 => x86::scores::<f32>(scores, (q, qs), (k.cast(), ks), dims),
+                RowKind::Bf16 => x86::scores::<bf16>(scores, (q, qs), (k.cast(), ks), dims),
+                RowKind::F16 => x86::scores::<f16>(scores, (q, qs), (k.cast(), ks), dims),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (scores, q, qs, k, ks, l, s, e);
+            let _ = (scores, q, qs, k, ks, kind, l, s, e);
             unreachable!("runs only where sgemm::available()");
         }
     }
 
-    /// `o_i = Σ_j p[i·s + j] · v_j` for `l` rows of `ev` (contiguous value rows).
+    /// `o_i = Σ_j p[i·s + j] · v_j` for `l` rows of `ev` (contiguous value rows of `kind`).
     ///
     /// # Safety
-    /// `sgemm::available()`; `s` v rows readable; `p` holds l·s, `o` l·ev.
+    /// `fast_reads(kind)`; `s` v rows readable; `p` holds l·s, `o` l·ev.
     pub unsafe fn weighted(
         o: *mut f32,
         p: *const f32,
-        (v, vs): (*const f32, isize),
+        ((v, vs), kind): ((*const u8, isize), RowKind),
         (l, s, ev): (usize, usize, usize),
     ) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller's contract.
         unsafe {
-            x86::weighted(o, p, (v, vs), (l, s, ev))
+            let dims = (l, s, ev);
+            match kind {
+                RowKind::F32 => x86::weighted::<f32>(o, p, (v.cast(), vs), dims),
+                RowKind::Bf16 => x86::weighted::<bf16>(o, p, (v.cast(), vs), dims),
+                RowKind::F16 => x86::weighted::<f16>(o, p, (v.cast(), vs), dims),
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (o, p, v, vs, l, s, ev);
+            let _ = (o, p, v, vs, kind, l, s, ev);
             unreachable!("runs only where sgemm::available()");
         }
     }
@@ -588,22 +720,24 @@ mod fast {
     mod x86 {
         use std::arch::x86_64::*;
 
+        use super::super::RowWeight;
+
         /// Σ a[i]·b[i] over `n` elements: two vector accumulators, then the tail.
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
-        unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+        unsafe fn dot<W: RowWeight>(a: *const f32, b: *const W, n: usize) -> f32 {
             // SAFETY (whole body): a and b address n elements (caller).
             unsafe {
                 let (mut x, mut y) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let mut i = 0;
                 while i + 16 <= n {
-                    x = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), x);
+                    x = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), W::load8(b.add(i)), x);
                     let (a8, b8) = (a.add(i + 8), b.add(i + 8));
-                    y = _mm256_fmadd_ps(_mm256_loadu_ps(a8), _mm256_loadu_ps(b8), y);
+                    y = _mm256_fmadd_ps(_mm256_loadu_ps(a8), W::load8(b8), y);
                     i += 16;
                 }
                 if i + 8 <= n {
-                    x = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), x);
+                    x = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), W::load8(b.add(i)), x);
                     i += 8;
                 }
                 let v = _mm256_add_ps(x, y);
@@ -611,18 +745,18 @@ mod fast {
                 let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
                 let mut r = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
                 while i < n {
-                    r += *a.add(i) * *b.add(i);
+                    r += *a.add(i) * (*b.add(i)).to_f32();
                     i += 1;
                 }
                 r
             }
         }
 
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn scores(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn scores<W: RowWeight>(
             scores: *mut f32,
             (q, qs): (*const f32, isize),
-            (k, ks): (*const f32, isize),
+            (k, ks): (*const W, isize),
             (l, s, e): (usize, usize, usize),
         ) {
             // Eight keys at a time: eight sums of lanes, reduced together into one vector
@@ -640,7 +774,7 @@ mod fast {
                             let qv = _mm256_loadu_ps(qr.add(d));
                             for (kk, a) in acc.iter_mut().enumerate() {
                                 let kr = k.offset((j + kk) as isize * ks).add(d);
-                                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr), *a);
+                                *a = _mm256_fmadd_ps(qv, W::load8(kr), *a);
                             }
                             d += 8;
                         }
@@ -649,7 +783,7 @@ mod fast {
                         for (kk, sum) in sums.iter_mut().enumerate() {
                             let kr = k.offset((j + kk) as isize * ks);
                             for d in whole..e {
-                                *sum += *qr.add(d) * *kr.add(d);
+                                *sum += *qr.add(d) * (*kr.add(d)).to_f32();
                             }
                             *scores.add(i * s + j + kk) = *sum;
                         }
@@ -687,11 +821,11 @@ mod fast {
 
         /// Per output row, blocks of 32 (then 8) columns accumulate over all `s` value rows
         /// in registers; the last columns one by one.
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn weighted(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn weighted<W: RowWeight>(
             o: *mut f32,
             p: *const f32,
-            (v, vs): (*const f32, isize),
+            (v, vs): (*const W, isize),
             (l, s, ev): (usize, usize, usize),
         ) {
             // SAFETY (whole body): every address is inside the caller's ranges.
@@ -710,7 +844,7 @@ mod fast {
                                 let w = _mm256_set1_ps(*pi.add($j));
                                 let row = v.offset($j as isize * vs).add(d);
                                 for (b, a) in $acc.iter_mut().enumerate() {
-                                    *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * b)), *a);
+                                    *a = _mm256_fmadd_ps(w, W::load8(row.add(8 * b)), *a);
                                 }
                             }};
                         }
@@ -733,11 +867,7 @@ mod fast {
                         let mut acc = _mm256_setzero_ps();
                         for j in 0..s {
                             let row = v.offset(j as isize * vs).add(d);
-                            acc = _mm256_fmadd_ps(
-                                _mm256_set1_ps(*pi.add(j)),
-                                _mm256_loadu_ps(row),
-                                acc,
-                            );
+                            acc = _mm256_fmadd_ps(_mm256_set1_ps(*pi.add(j)), W::load8(row), acc);
                         }
                         _mm256_storeu_ps(out.add(d), acc);
                         d += 8;
@@ -745,7 +875,7 @@ mod fast {
                     for c in d..ev {
                         let mut acc = 0.0f32;
                         for j in 0..s {
-                            acc += *pi.add(j) * *v.offset(j as isize * vs).add(c);
+                            acc += *pi.add(j) * (*v.offset(j as isize * vs).add(c)).to_f32();
                         }
                         *out.add(c) = acc;
                     }
@@ -758,16 +888,16 @@ mod fast {
 /// `a · b` with eight independent partial sums (vectorizable, and the same order on every
 /// build), added pairwise at the end.
 #[inline(always)]
-fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+fn dot<T: Real, W: KvElem<T>>(a: &[T], b: &[W]) -> T {
     let mut acc = [<T as Real>::ZERO; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let mut tail = <T as Real>::ZERO;
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail = tail + *x * *y;
+        tail = tail + *x * y.widen();
     }
     for (x, y) in ca.zip(cb) {
         for lane in 0..8 {
-            acc[lane] = acc[lane] + x[lane] * y[lane];
+            acc[lane] = acc[lane] + x[lane] * y[lane].widen();
         }
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
