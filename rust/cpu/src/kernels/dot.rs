@@ -501,9 +501,7 @@ fn half_packed_product<T: RowWeight>(
     let wide = cast(a, DType::F32)?;
     let mut sums = vec![0.0f32; out.len()];
     packed_product(&wide, b, &mut sums, threads)?;
-    for (o, v) in out.iter_mut().zip(sums) {
-        *o = T::from_f32(v);
-    }
+    T::from_f32_slice(&sums, out);
     Ok(())
 }
 

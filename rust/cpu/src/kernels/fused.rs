@@ -13,6 +13,7 @@ use super::chain::{self, Chain, Run};
 use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
 use crate::arena::Dest;
 use crate::buffer::Val;
+use crate::elem::halfconv;
 use crate::elem::vecmath::{Fma, Kernel};
 use crate::error::{CpuError, KResult};
 use crate::fuse::Group;
@@ -332,6 +333,57 @@ fn apply(
             .ok_or_else(|| CpuError::Internal(format!("{} lacks operand {k}", node.op.name())))
     };
     let src1 = || Ok::<_, CpuError>([arg(0)?]);
+    // f16 arithmetic as the f32 op between whole-vector conversions (F16C): the f16 closures
+    // compute in f32 and round once, exactly this, but convert element by element (~10
+    // instructions each way). Not for ops with an f32 vector kernel, whose approximation
+    // differs in the last f32 bit from the element-wise one the f16 closure runs.
+    let f16_in_f32 = halfconv::f16_vectors()
+        && node.ty.dtype == DType::F16
+        && match &node.op {
+            Op::Binary(_) => dt(0) == DType::F16 && dt(1) == DType::F16,
+            Op::Unary(u) => dt(0) == DType::F16 && Kernel::of(*u).is_none(),
+            _ => false,
+        };
+    if f16_in_f32 && len <= BLOCK {
+        let mut wide = [[0.0f32; BLOCK]; 3];
+        let [a, b, out] = &mut wide;
+        for (k, buf) in [&mut *a, &mut *b]
+            .into_iter()
+            .enumerate()
+            .take(node.inputs.len())
+        {
+            // SAFETY: operand k is a block of `len` f16 (see `Block`).
+            let x = unsafe { std::slice::from_raw_parts(arg(k)? as *const half::f16, len) };
+            halfconv::widen_f16(x, &mut buf[..len]);
+        }
+        let (dst_wide, src) = (out.as_mut_ptr() as *mut u8, [a.as_ptr(), b.as_ptr()]);
+        let src = src.map(|p| p as *const u8);
+        match &node.op {
+            Op::Unary(u) => unary_with(
+                *u,
+                DType::F32,
+                Block {
+                    src: [src[0]],
+                    dst: dst_wide,
+                    len,
+                },
+            ),
+            Op::Binary(op) => binary_with(
+                *op,
+                DType::F32,
+                Block {
+                    src,
+                    dst: dst_wide,
+                    len,
+                },
+            ),
+            op => Err(CpuError::Internal(format!("{} computed in f32", op.name()))),
+        }?;
+        // SAFETY: `dst` is a slot of `len` f16 (see `Block`).
+        let o = unsafe { std::slice::from_raw_parts_mut(dst as *mut half::f16, len) };
+        halfconv::narrow_f16(&out[..len], o);
+        return Ok(());
+    }
     match &node.op {
         Op::Unary(u) => unary_with(
             *u,
@@ -342,6 +394,29 @@ fn apply(
                 len,
             },
         ),
+        // f16 ↔ f32 by whole vectors (F16C) where the CPU converts them: the same values.
+        Op::Cast { to: DType::F32 } if dt(0) == DType::F16 && halfconv::f16_vectors() => {
+            // SAFETY: operand 0 is a block of `len` f16 and `dst` a slot of `len` f32, as
+            // every step's (see `Block`).
+            let (x, o) = unsafe {
+                let x = std::slice::from_raw_parts(arg(0)? as *const half::f16, len);
+                (x, std::slice::from_raw_parts_mut(dst as *mut f32, len))
+            };
+            halfconv::widen_f16(x, o);
+            Ok(())
+        }
+        Op::Cast { to: DType::F16 } if dt(0) == DType::F32 && halfconv::f16_vectors() => {
+            // SAFETY: as above, the other way.
+            let (x, o) = unsafe {
+                let x = std::slice::from_raw_parts(arg(0)? as *const f32, len);
+                (
+                    x,
+                    std::slice::from_raw_parts_mut(dst as *mut half::f16, len),
+                )
+            };
+            halfconv::narrow_f16(x, o);
+            Ok(())
+        }
         Op::Cast { to } => cast_with(
             dt(0),
             *to,

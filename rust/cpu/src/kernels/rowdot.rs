@@ -22,6 +22,12 @@ use half::{bf16, f16};
 pub trait RowWeight: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
+    /// `dst[i] = from_f32(src[i])` over a slice (f16: by whole vectors where it can).
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        for (d, &v) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(v);
+        }
+    }
     /// Whether this CPU has what the vector loads of this type need beyond AVX2 + FMA.
     #[cfg(target_arch = "x86_64")]
     fn loads_available() -> bool {
@@ -102,6 +108,9 @@ impl RowWeight for f16 {
     #[inline(always)]
     fn from_f32(v: f32) -> f16 {
         crate::elem::halfconv::f32_to_f16(v)
+    }
+    fn from_f32_slice(src: &[f32], dst: &mut [f16]) {
+        crate::elem::halfconv::narrow_f16(src, dst)
     }
     #[cfg(target_arch = "x86_64")]
     fn loads_available() -> bool {
