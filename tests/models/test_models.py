@@ -48,6 +48,41 @@ def test_llama_decode_step_with_kv_cache(backend):
     check(step, [token, *llama_cache(SMALL, 1, 5)], backend, **TOL)
 
 
+# Head dim 40: the attention's 32- and 8-lane blocks; 19 cached keys: its 8-key blocks
+# and a tail.
+HEAD_DIM_40 = LlamaConfig(vocab=64, dim=160, layers=2, heads=4, kv_heads=2, hidden=96, max_seq=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_llama_decode_in_half_precision_is_as_close_to_f32_as_eager(backend, dtype):
+    """One-token decode of a 16-bit model (one-row products, attention over a 16-bit
+    cache): Ember's error against the f32 step is no worse than eager's."""
+    config = HEAD_DIM_40
+    reference = LlamaDecodeStep(Llama(config)).eval()
+    model = LlamaDecodeStep(Llama(config)).eval()
+    model.load_state_dict(reference.state_dict())
+    model = model.to(dtype)
+    inputs = [torch.randint(0, config.vocab, (1, 1)), *llama_cache(config, 1, 19)]
+    options = {"backend": backend, "fallback": "error"}
+    if backend == "cuda":
+        reference, model = reference.cuda(), model.cuda()
+        inputs = [x.cuda() for x in inputs]
+        options = {"device": "cuda", "fallback": "error"}
+    half_inputs = [x if x.dtype == torch.int64 else x.to(dtype) for x in inputs]
+    compiled = torch.compile(model, backend="ember", options=options)
+
+    def error(outputs: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> float:
+        return max((o.float() - w).abs().max().item() for o, w in zip(outputs, want, strict=True))
+
+    with torch.no_grad():
+        want = reference(*inputs)
+        eager_err = error(model(*half_inputs), want)
+        got = compiled(*half_inputs)
+    assert all(o.dtype == dtype for o in got)
+    ember_err = error(got, want)
+    assert ember_err <= 1.5 * eager_err + 1e-3, (ember_err, eager_err)
+
+
 def test_transformer_encoder(backend):
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
     encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
