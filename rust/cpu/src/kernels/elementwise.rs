@@ -414,7 +414,11 @@ pub fn cast(x: &Val, to: DType) -> KResult<Val> {
         return Ok(x.clone());
     }
     // Contiguous f16 ↔ f32 by whole vectors (F16C): the same values, several times faster.
-    if x.layout.is_contiguous() && halfconv::f16_vectors() {
+    let f16_and_f32 = matches!(
+        (x.dtype, to),
+        (DType::F16, DType::F32) | (DType::F32, DType::F16)
+    );
+    if f16_and_f32 && x.layout.is_contiguous() && halfconv::f16_vectors() {
         let n = x.layout.numel();
         match (x.dtype, to) {
             (DType::F16, DType::F32) => {

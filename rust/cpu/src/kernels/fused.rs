@@ -337,13 +337,13 @@ fn apply(
     // compute in f32 and round once, exactly this, but convert element by element (~10
     // instructions each way). Not for ops with an f32 vector kernel, whose approximation
     // differs in the last f32 bit from the element-wise one the f16 closure runs.
-    let f16_in_f32 = halfconv::f16_vectors()
-        && node.ty.dtype == DType::F16
+    let f16_in_f32 = node.ty.dtype == DType::F16
         && match &node.op {
             Op::Binary(_) => dt(0) == DType::F16 && dt(1) == DType::F16,
             Op::Unary(u) => dt(0) == DType::F16 && Kernel::of(*u).is_none(),
             _ => false,
-        };
+        }
+        && halfconv::f16_vectors();
     if f16_in_f32 && len <= BLOCK {
         let mut wide = [[0.0f32; BLOCK]; 3];
         let [a, b, out] = &mut wide;
