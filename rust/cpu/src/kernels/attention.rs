@@ -46,10 +46,10 @@ pub fn attention(
             // Decode reads the keys and values as stored; widening them whole first cost
             // more than the attention over them.
             let out = match (k.dtype, v.dtype, direct_rows(&q, k, v)) {
-                (DType::BF16, DType::BF16, true) if fast_reads(RowKind::Bf16) => {
+                (DType::BF16, DType::BF16, true) if fast_loops() => {
                     attention_t::<f32, bf16>(&q, k, v, mask, p, threads)?
                 }
-                (DType::F16, DType::F16, true) if fast_reads(RowKind::F16) => {
+                (DType::F16, DType::F16, true) if fast_loops() => {
                     attention_t::<f32, f16>(&q, k, v, mask, p, threads)?
                 }
                 _ => attention_t::<f32, f32>(&q, &up(k)?, &up(v)?, mask, p, threads)?,
@@ -91,13 +91,17 @@ enum RowKind {
     F16,
 }
 
-/// Whether the f32 direct loops run here and read rows of `kind`.
-fn fast_reads(kind: RowKind) -> bool {
-    sgemm::available()
-        && match kind {
-            RowKind::F32 | RowKind::Bf16 => true,
-            RowKind::F16 => f16::loads_available(),
-        }
+/// Whether the f32 direct loops (`fast`) run here: AVX2, FMA and the F16C they are
+/// compiled with (for every kind of row they read).
+fn fast_loops() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        sgemm::available() && f16::loads_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// An element of the keys and values: the computation's own type `T`, or (for `T` = f32)
@@ -153,7 +157,7 @@ fn direct_rows(q: &Val, k: &Val, v: &Val) -> bool {
 }
 
 /// Attention computed in `T`, keys and values read as `W` (`T` itself, or a half type when
-/// the direct loops take them: `direct_rows` and `fast_reads`).
+/// the direct loops take them: `direct_rows` and `fast_loops`).
 fn attention_t<T: GemmElem + FloatElem<C = T> + Real, W: KvElem<T>>(
     q: &Val,
     k: &Val,
@@ -197,7 +201,7 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real, W: KvElem<T>>(
         false => None,
     };
     // The f32 loops of `fast` read the rows (AVX2 + FMA; F16C for f16 rows).
-    let fast_kind = W::KIND.filter(|&kind| T::DTYPE == DType::F32 && fast_reads(kind));
+    let fast_kind = W::KIND.filter(|_| T::DTYPE == DType::F32 && fast_loops());
     if !(same || direct_rows(q, k, v) && fast_kind.is_some()) {
         return Err(CpuError::Internal(format!(
             "attention reading {} keys as stored outside the direct loops",
@@ -665,7 +669,7 @@ mod fast {
     /// `scores[i·s + j] = q_i · k_j` (rows of `e` contiguous elements; k's of `kind`).
     ///
     /// # Safety
-    /// `fast_reads(kind)`; `l` q rows and `s` k rows readable; `scores` holds l·s.
+    /// `fast_loops()`; `l` q rows and `s` k rows readable; `scores` holds l·s.
     pub unsafe fn scores(
         scores: *mut f32,
         (q, qs): (*const f32, isize),
@@ -692,7 +696,7 @@ mod fast {
     /// `o_i = Σ_j p[i·s + j] · v_j` for `l` rows of `ev` (contiguous value rows of `kind`).
     ///
     /// # Safety
-    /// `fast_reads(kind)`; `s` v rows readable; `p` holds l·s, `o` l·ev.
+    /// `fast_loops()`; `s` v rows readable; `p` holds l·s, `o` l·ev.
     pub unsafe fn weighted(
         o: *mut f32,
         p: *const f32,

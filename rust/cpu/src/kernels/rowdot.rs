@@ -28,10 +28,11 @@ pub trait RowWeight: Copy + Send + Sync + 'static {
             *d = Self::from_f32(v);
         }
     }
-    /// Whether this CPU has what the vector loads of this type need beyond AVX2 + FMA.
+    /// Whether this CPU has what the AVX2 kernels need beyond AVX2 + FMA: F16C, which they
+    /// are compiled with (f16 loads use it; every AVX2 CPU made has it, but it is checked).
     #[cfg(target_arch = "x86_64")]
     fn loads_available() -> bool {
-        true
+        std::arch::is_x86_feature_detected!("f16c")
     }
     /// 16 elements at `p` as f32 (AVX-512F).
     ///
@@ -111,10 +112,6 @@ impl RowWeight for f16 {
     }
     fn from_f32_slice(src: &[f32], dst: &mut [f16]) {
         crate::elem::halfconv::narrow_f16(src, dst)
-    }
-    #[cfg(target_arch = "x86_64")]
-    fn loads_available() -> bool {
-        std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
