@@ -98,7 +98,7 @@ pub fn for_runs<const N: usize>(
 }
 
 /// Runs `body(start, chunk)` over chunks of `out`, in parallel when `out` is large.
-fn chunked<B: Send>(out: &mut [B], body: impl Fn(usize, &mut [B]) + Sync) {
+pub fn chunked<B: Send>(out: &mut [B], body: impl Fn(usize, &mut [B]) + Sync) {
     let n = out.len();
     if n < PAR_MIN {
         body(0, out);

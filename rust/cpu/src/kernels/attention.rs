@@ -84,7 +84,7 @@ fn widen_keeping_broadcasts(x: &Val) -> KResult<Val> {
 }
 
 /// How the f32 direct loops (`fast`) read key and value rows.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum RowKind {
     F32,
     Bf16,
@@ -202,7 +202,8 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real, W: KvElem<T>>(
     };
     // The f32 loops of `fast` read the rows (AVX2 + FMA; F16C for f16 rows).
     let fast_kind = W::KIND.filter(|_| T::DTYPE == DType::F32 && fast_loops());
-    if !(same || direct_rows(q, k, v) && fast_kind.is_some()) {
+    let direct_ok = direct_rows(q, k, v);
+    if !(same || direct_ok && fast_kind.is_some()) {
         return Err(CpuError::Internal(format!(
             "attention reading {} keys as stored outside the direct loops",
             k.dtype
@@ -238,11 +239,6 @@ fn attention_t<T: GemmElem + FloatElem<C = T> + Real, W: KvElem<T>>(
         // each key and value row is read once, contiguously, for all of them; two GEMMs
         // would cost more in packing and set-up than this does in arithmetic.
         let (qs, ks, vs) = (vq.strides[r - 2], vk.strides[r - 2], vv.strides[r - 2]);
-        let unit = |v: &[isize], n: usize| n <= 1 || v[r - 1] == 1;
-        let direct_ok = l <= DIRECT_MAX_ROWS
-            && unit(&vq.strides, e)
-            && unit(&vk.strides, e)
-            && unit(&vv.strides, ev);
         // Scale, mask and softmax numerators of score row `i` of the batch whose mask
         // starts at `om`; returns the factor (1 / their sum) that makes them the weights.
         // Causal masking hides keys past `i`: only the first `i + 1` scores are live (the

@@ -13,7 +13,7 @@ use crate::buffer::Val;
 use crate::elem::vecmath::{Fma, Kernel};
 use crate::elem::{halfconv, Elem, FloatElem, IntElem, Real, B8};
 use crate::error::{CpuError, KResult};
-use crate::strided::{map1, map1_slices, map2, map3, PAR_MIN};
+use crate::strided::{chunked, map1, map1_slices, map2, map3};
 
 /// Receives a one-operand elementwise op as a closure over stored element types.
 pub trait Apply1 {
@@ -414,40 +414,28 @@ pub fn cast(x: &Val, to: DType) -> KResult<Val> {
         return Ok(x.clone());
     }
     // Contiguous f16 ↔ f32 by whole vectors (F16C): the same values, several times faster.
-    let f16_and_f32 = matches!(
-        (x.dtype, to),
-        (DType::F16, DType::F32) | (DType::F32, DType::F16)
-    );
-    if f16_and_f32 && x.layout.is_contiguous() && halfconv::f16_vectors() {
-        let n = x.layout.numel();
-        match (x.dtype, to) {
-            (DType::F16, DType::F32) => {
-                let src = x.view::<f16>()?;
-                return Val::build::<f32>(to, x.shape(), |o| {
-                    par_slices(src.run(0, n), o, halfconv::widen_f16);
-                    Ok(())
+    let by_vectors = || x.layout.is_contiguous() && halfconv::f16_vectors();
+    match (x.dtype, to) {
+        (DType::F16, DType::F32) if by_vectors() => {
+            let src = x.view::<f16>()?;
+            Val::build::<f32>(to, x.shape(), |o| {
+                chunked(o, |at, o| {
+                    halfconv::widen_f16(src.run(at as isize, o.len()), o)
                 });
-            }
-            (DType::F32, DType::F16) => {
-                let src = x.view::<f32>()?;
-                return Val::build::<f16>(to, x.shape(), |o| {
-                    par_slices(src.run(0, n), o, halfconv::narrow_f16);
-                    Ok(())
-                });
-            }
-            _ => {}
+                Ok(())
+            })
         }
+        (DType::F32, DType::F16) if by_vectors() => {
+            let src = x.view::<f32>()?;
+            Val::build::<f16>(to, x.shape(), |o| {
+                chunked(o, |at, o| {
+                    halfconv::narrow_f16(src.run(at as isize, o.len()), o)
+                });
+                Ok(())
+            })
+        }
+        _ => cast_with(x.dtype, to, OnVals([x])),
     }
-    cast_with(x.dtype, to, OnVals([x]))
-}
-
-/// `f(src, out)` over matching chunks, on every thread for large slices.
-fn par_slices<A: Sync, B: Send>(src: &[A], out: &mut [B], f: fn(&[A], &mut [B])) {
-    if out.len() < PAR_MIN {
-        return f(src, out);
-    }
-    let chunk = (out.len() / (crate::par::threads() * 4)).max(PAR_MIN / 4);
-    crate::par::for_chunks_mut(out, chunk, |start, o| f(&src[start..start + o.len()], o));
 }
 
 /// Hands the cast from `from` to `to` to `k` (a copy when they are equal).

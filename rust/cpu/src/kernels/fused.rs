@@ -25,6 +25,10 @@ use crate::strided::{coalesce, for_runs, PAR_MIN};
 /// Elements per block: a slot of the widest dtype is 4 KiB.
 const BLOCK: usize = 512;
 
+/// Scratch slots past a group's own for f16 steps computed in f32: two operand blocks and a
+/// result block of f32 (`apply`), 6 KiB of these 8.
+const WIDE_SLOTS: usize = 2;
+
 /// Where a leaf's block comes from.
 enum Kind {
     /// Unit stride over the whole output: read in place.
@@ -152,7 +156,9 @@ impl<'a> Pass<'a> {
         if end > self.n {
             return Err(CpuError::Internal("fused range past the output".into()));
         }
-        with_scratch(self.grp.slots * BLOCK, |base| self.blocks(start, end, base))
+        with_scratch((self.grp.slots + WIDE_SLOTS) * BLOCK, |base| {
+            self.blocks(start, end, base)
+        })
     }
 
     fn blocks(&self, start: usize, end: usize, base: *mut u64) -> KResult<()> {
@@ -165,6 +171,7 @@ impl<'a> Pass<'a> {
             }
         }
         let mut ptrs: Vec<*const u8> = (0..self.grp.slots).map(|s| slot(s) as *const u8).collect();
+        let wide = slot(self.grp.slots) as *mut f32;
         let mut at = start;
         while at < end {
             let len = BLOCK.min(end - at);
@@ -186,7 +193,7 @@ impl<'a> Pass<'a> {
                     slot(last.out)
                 };
                 match run {
-                    Run::Step(_) => apply(self.g, last.node, &last.args, &ptrs, dst, len)?,
+                    Run::Step(_) => apply(self.g, last.node, &last.args, &ptrs, (dst, wide), len)?,
                     // SAFETY: chains are planned only where they run; every slot holds this
                     // block's `len` elements of its dtype and `dst` has room for `len`.
                     Run::Chain(c) => unsafe { chain::run(c, &ptrs, dst, len) },
@@ -316,13 +323,14 @@ unsafe fn gather(l: &Leaf, at: usize, len: usize, dst: *mut u8) {
     })
 }
 
-/// Runs node `id` of the graph over one block; its operands are `slots[args[k]]`.
+/// Runs node `id` of the graph over one block; its operands are `slots[args[k]]`. `wide`:
+/// scratch for three blocks of f32, apart from every slot.
 fn apply(
     g: &Graph,
     id: usize,
     args: &[usize],
     slots: &[*const u8],
-    dst: *mut u8,
+    (dst, wide): (*mut u8, *mut f32),
     len: usize,
 ) -> KResult<()> {
     let node = &g.nodes[id];
@@ -345,8 +353,10 @@ fn apply(
         }
         && halfconv::f16_vectors();
     if f16_in_f32 && len <= BLOCK {
-        let mut wide = [[0.0f32; BLOCK]; 3];
-        let [a, b, out] = &mut wide;
+        // SAFETY: `wide` holds three blocks of f32 (scratch: any bits are a value) that no
+        // operand or destination overlaps.
+        let [a, b, out] =
+            [0, 1, 2].map(|i| unsafe { std::slice::from_raw_parts_mut(wide.add(i * BLOCK), len) });
         for (k, buf) in [&mut *a, &mut *b]
             .into_iter()
             .enumerate()
@@ -354,7 +364,7 @@ fn apply(
         {
             // SAFETY: operand k is a block of `len` f16 (see `Block`).
             let x = unsafe { std::slice::from_raw_parts(arg(k)? as *const half::f16, len) };
-            halfconv::widen_f16(x, &mut buf[..len]);
+            halfconv::widen_f16(x, buf);
         }
         let (dst_wide, src) = (out.as_mut_ptr() as *mut u8, [a.as_ptr(), b.as_ptr()]);
         let src = src.map(|p| p as *const u8);
@@ -381,7 +391,7 @@ fn apply(
         }?;
         // SAFETY: `dst` is a slot of `len` f16 (see `Block`).
         let o = unsafe { std::slice::from_raw_parts_mut(dst as *mut half::f16, len) };
-        halfconv::narrow_f16(&out[..len], o);
+        halfconv::narrow_f16(out, o);
         return Ok(());
     }
     match &node.op {

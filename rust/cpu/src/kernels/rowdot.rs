@@ -460,19 +460,28 @@ mod tests {
             .collect()
     }
 
-    fn matches_reference<W: RowWeight>() {
-        // k around the vector widths (8, 16, 32) and row counts around the tile of 4.
-        for k in [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 100, 257] {
+    /// `run(x, w, stride, out)` against the f64 reference for every `k` of `ks`, row counts
+    /// around the tile of 4 and padded rows; `x_as` rounds the activations to the type
+    /// `run` reads them in.
+    fn sweep<W: RowWeight>(
+        ks: &[usize],
+        x_as: fn(f32) -> f32,
+        run: impl Fn(&[f32], &[W], usize, &mut [f32]),
+    ) {
+        for &k in ks {
             for n in [1, 3, 4, 5, 9] {
                 for pad in [0, 3] {
                     let stride = k + pad;
-                    let x = values(k, (k * 31 + n) as u32);
+                    let x: Vec<f32> = values(k, (k * 31 + n) as u32)
+                        .into_iter()
+                        .map(x_as)
+                        .collect();
                     let w: Vec<W> = values((n - 1) * stride + k, (k + 7 * n) as u32)
                         .into_iter()
                         .map(W::from_f32)
                         .collect();
                     let mut out = vec![f32::NAN; n];
-                    rows_dot(&x, &w, stride, &mut out);
+                    run(&x, &w, stride, &mut out);
                     let want = reference(&x, &w, stride, n);
                     for (j, (&got, want)) in out.iter().zip(want).enumerate() {
                         let tol = 1e-5 * (1.0 + k as f64);
@@ -484,6 +493,12 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn matches_reference<W: RowWeight>() {
+        // k around the vector widths (8, 16, 32).
+        let ks = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 100, 257];
+        sweep::<W>(&ks, |v| v, rows_dot);
     }
 
     #[test]
@@ -504,32 +519,12 @@ mod tests {
     #[test]
     fn bf16_activations_match_a_f64_reference_for_every_tail_of_rows_and_k() {
         // k around the pair step (32), the unrolled step (64) and odd lengths.
-        for k in [1, 2, 31, 32, 33, 63, 64, 65, 96, 127, 130, 257] {
-            for n in [1, 3, 4, 5, 9] {
-                for pad in [0, 3] {
-                    let stride = k + pad;
-                    let x: Vec<bf16> = values(k, (k * 13 + n) as u32)
-                        .into_iter()
-                        .map(bf16::from_f32)
-                        .collect();
-                    let w: Vec<bf16> = values((n - 1) * stride + k, (k + 5 * n) as u32)
-                        .into_iter()
-                        .map(bf16::from_f32)
-                        .collect();
-                    let mut out = vec![f32::NAN; n];
-                    rows_dot_bf16(&x, &w, stride, &mut out);
-                    let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-                    let want = reference(&wide, &w, stride, n);
-                    for (j, (&got, want)) in out.iter().zip(want).enumerate() {
-                        let tol = 1e-5 * (1.0 + k as f64);
-                        assert!(
-                            (got as f64 - want).abs() <= tol,
-                            "k {k} n {n} stride {stride} row {j}: {got} vs {want}"
-                        );
-                    }
-                }
-            }
-        }
+        let ks = [1, 2, 31, 32, 33, 63, 64, 65, 96, 127, 130, 257];
+        let as_bf16 = |v: f32| bf16::from_f32(v).to_f32();
+        sweep::<bf16>(&ks, as_bf16, |x, w, stride, out| {
+            let x: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+            rows_dot_bf16(&x, w, stride, out)
+        });
     }
 
     #[test]
