@@ -6,13 +6,16 @@ process: medians of ``--repeats`` calls, alternating the two, each checked again
 
 Decode at these sizes is bound by memory (every weight is read once per token), so also
 printed: the weights' bytes over Ember's median, against the machine's read bandwidth
-(``torch.sum`` over 1 GiB on the same threads).
+(``torch.sum`` over 1 GiB on the same threads). "compile MB" is how much the process's
+resident memory grew over Ember's compile: the copies it keeps (packed weights) and what the
+allocator kept of its transients.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -49,11 +52,23 @@ def _read_bandwidth_gbs() -> float:
     return 3 * x.numel() * 4 / (time.perf_counter() - start) / 1e9
 
 
+def _resident_mb() -> float | None:
+    """This process's resident memory in MB (Linux), else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 def _compare(name: str, model: torch.nn.Module, inputs: list, args, weight_bytes: int) -> bool:
     """Compiles `model`, checks it against eager, prints both medians; False if wrong."""
-    start = time.perf_counter()
+    rss_before, start = _resident_mb(), time.perf_counter()
     compiled = ember.compile(model, *inputs, search_iterations=args.search, quiet=True)
     compile_s = time.perf_counter() - start
+    rss_after = _resident_mb()
+    grew = "—" if rss_before is None or rss_after is None else f"{rss_after - rss_before:.0f}"
     want, got = model(*inputs), compiled(*inputs)
     want = want if isinstance(want, tuple) else (want,)
     got = got if isinstance(got, tuple) else (got,)
@@ -65,7 +80,7 @@ def _compare(name: str, model: torch.nn.Module, inputs: list, args, weight_bytes
     verdict = "" if ok else " WRONG"
     print(
         f"| {name} | {ember_ms:.2f} | {eager_ms:.2f} | {eager_ms / ember_ms:.2f}× | "
-        f"{weight_bytes / ember_ms / 1e6:.1f} | {err:.1e}{verdict} | {compile_s:.1f} |"
+        f"{weight_bytes / ember_ms / 1e6:.1f} | {err:.1e}{verdict} | {compile_s:.1f} | {grew} |"
     )
     return ok
 
@@ -93,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         f"read bandwidth {_read_bandwidth_gbs():.1f} GB/s\n"
     )
     columns = ("run", "Ember ms", "eager ms", "vs eager", "Ember GB/s of weights", "max abs error")
-    print("| " + " | ".join((*columns, "compile s")) + " |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| " + " | ".join((*columns, "compile s", "compile MB")) + " |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     ok = True
     with torch.no_grad():
         step = LlamaDecodeStep(model).eval()

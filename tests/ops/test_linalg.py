@@ -190,6 +190,21 @@ def test_one_row_half_precision_products(dtype, backend):
     check(fn, args, backend, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [2, 9, 37])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_multi_row_half_precision_products_with_weights(rows, dtype, backend):
+    # Products of several rows pack their bf16/f16 weight in its own type (the tiles widen
+    # it as they load it): a `linear` (weight read transposed) and `x @ w` (row-major), with
+    # partial panels of columns and tiles of every row count.
+    layer = torch.nn.Linear(300, 333).to(dtype)
+    w = torch.nn.Parameter(rand(300, 70, dtype=dtype))
+
+    def fn(x):
+        return layer(x), x @ w
+
+    check(fn, [rand(rows, 300, dtype=dtype)], backend, rtol=1e-2, atol=1e-2)
+
+
 def test_one_row_linear_sees_in_place_weight_updates(backend):
     # The weight of a one-row product is read where it lives, not from a packed copy.
     opts = host_options(backend)

@@ -3,11 +3,14 @@
 //! GFLOP/s, on 1 and 2 threads. Each runs as programs run it: the `gemm` crate inside a
 //! rayon pool of that size, `sgemm` on the caller's thread with Ember's spinning helpers.
 //! One-row products also run row-wise (`rowdot`, the weight as a `linear` stores it), as
-//! one-token decode runs them.
+//! one-token decode runs them. The weight packed as bf16 and f16 panels (a 16-bit model's
+//! products: the tiles widen each panel row as they load it) is timed beside the f32 one.
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use half::{bf16, f16};
 
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
 use ember_cpu::internals::{gemm_into, rows_dot_parallel, with_helpers, Helpers, Mat};
@@ -59,8 +62,8 @@ fn main() {
         (1, 2048, 8192, "1B decode down"),
         (1, 32000, 2048, "1B decode lm head"),
     ];
-    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | row-wise µs |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | row-wise µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for threads in [1usize, 2] {
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -118,20 +121,58 @@ fn main() {
             });
             // SAFETY: b holds k×n elements.
             let packed = unsafe { Packed::b(k, n, sb) };
-            let packed_us = median_us(|| {
-                // SAFETY: as above.
-                with_helpers(&helpers, threads, || unsafe {
-                    sgemm::sgemm(
-                        (m, n, k),
-                        Operand::Strided(sa),
-                        Operand::Packed(&packed),
-                        cc,
-                        n,
-                        threads,
-                    )
+            // The activations against a weight packed at compile time (f32 or 16-bit panels).
+            let packed_us = |packed: &Packed| {
+                median_us(|| {
+                    // SAFETY: as above.
+                    with_helpers(&helpers, threads, || unsafe {
+                        sgemm::sgemm(
+                            (m, n, k),
+                            Operand::Strided(sa),
+                            Operand::Packed(packed),
+                            cc,
+                            n,
+                            threads,
+                        )
+                    })
                 })
-            });
-            let gflops = 2.0 * (m * n * k) as f64 / packed_us / 1e3;
+            };
+            let f32_packed_us = packed_us(&packed);
+            let gflops = 2.0 * (m * n * k) as f64 / f32_packed_us / 1e3;
+            let (bf16_us, f16_us) = if sgemm::half_panels_available() {
+                let bh: Vec<bf16> = b.iter().map(|&v| bf16::from_f32(v)).collect();
+                let fh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+                let rs = n as isize;
+                // SAFETY: bh and fh hold k×n elements.
+                let (pbh, pfh) = unsafe {
+                    (
+                        Packed::b_half(
+                            k,
+                            n,
+                            Strided {
+                                ptr: bh.as_ptr(),
+                                rs,
+                                cs: 1,
+                            },
+                        ),
+                        Packed::b_half(
+                            k,
+                            n,
+                            Strided {
+                                ptr: fh.as_ptr(),
+                                rs,
+                                cs: 1,
+                            },
+                        ),
+                    )
+                };
+                (
+                    format!("{:.1}", packed_us(&pbh)),
+                    format!("{:.1}", packed_us(&pfh)),
+                )
+            } else {
+                ("—".to_string(), "—".to_string())
+            };
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {
@@ -146,7 +187,7 @@ fn main() {
                 "—".to_string()
             };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {packed_us:.1} | {gflops:.1} | {rowwise} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us} | {f16_us} | {rowwise} |"
             );
         }
     }

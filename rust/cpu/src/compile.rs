@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use half::{bf16, f16};
+
 use ember_core::backend::Weights;
 use ember_core::dtype::DType;
 use ember_core::ir::{Graph, Op};
@@ -80,9 +82,10 @@ pub struct Program {
     /// The last node reading each value; `usize::MAX` for graph outputs.
     pub last_use: Vec<usize>,
     /// Weights packed into `sgemm` panels, once, here (see `kernels::sgemm`), per node: for a
-    /// `Dot` whose right operand is a 2-D f32 weight, that operand (unless the product has
-    /// one row and reads the weight K-contiguous: `dot::takes_rowwise`); for an f32 `Conv`
-    /// with a weight, one left operand per group. Empty elsewhere.
+    /// `Dot` whose right operand is a 2-D f32, bf16 or f16 weight, that operand, in its own
+    /// type (unless the product has one row and reads the weight K-contiguous:
+    /// `dot::takes_rowwise`); for an f32 `Conv` with a weight, one left operand per group.
+    /// Empty elsewhere.
     pub packed: Vec<Vec<Packed>>,
     /// The right operand of each `IntegerDot` whose 2-D right operand is known at compile
     /// time, prepared once for the kernel this CPU runs (`kernels::integer_dot`); `None`
@@ -148,20 +151,41 @@ impl PackedWeights {
         if let Some((_, packed)) = map.get(&key) {
             return Ok(packed.clone());
         }
-        // A half-precision weight is packed from an f32 copy (dropped once packed): its
-        // products run on the f32 GEMM, as they would after converting it every call.
-        let wide = crate::kernels::elementwise::cast(w, DType::F32)?;
-        let f = wide.view::<f32>()?;
-        let src = sgemm::Strided {
-            ptr: f.ptr,
-            rs: f.strides[0],
-            cs: f.strides[1],
+        let packed = match w.dtype {
+            // A half-precision weight keeps its type in the panels (the tiles widen it as
+            // they load it): its products run the f32 GEMM's arithmetic on the same values
+            // while holding as many bytes as the weight, not the twice an f32 copy took.
+            DType::BF16 if sgemm::half_panels_available() => half_panels::<bf16>(w)?,
+            DType::F16 if sgemm::half_panels_available() => half_panels::<f16>(w)?,
+            _ => {
+                // Without F16C (no CPU with AVX2 lacks it): packed from an f32 copy.
+                let wide = crate::kernels::elementwise::cast(w, DType::F32)?;
+                let f = wide.view::<f32>()?;
+                let src = sgemm::Strided {
+                    ptr: f.ptr,
+                    rs: f.strides[0],
+                    cs: f.strides[1],
+                };
+                // SAFETY: the view addresses the f32 value's rows × cols elements, alive
+                // here.
+                unsafe { Packed::b(f.shape[0], f.shape[1], src) }
+            }
         };
-        // SAFETY: the view addresses the f32 value's rows × cols elements, alive here.
-        let packed = unsafe { Packed::b(f.shape[0], f.shape[1], src) };
         map.insert(key, (w.clone(), packed.clone()));
         Ok(packed)
     }
+}
+
+/// A 2-D bf16 or f16 weight packed as `sgemm` panels of its own type.
+fn half_panels<T: sgemm::PanelElem>(w: &Val) -> crate::error::KResult<Packed> {
+    let v = w.view::<T>()?;
+    let src = sgemm::Strided {
+        ptr: v.ptr,
+        rs: v.strides[0],
+        cs: v.strides[1],
+    };
+    // SAFETY: the view addresses the weight's rows × cols elements, alive here.
+    Ok(unsafe { Packed::b_half(v.shape[0], v.shape[1], src) })
 }
 
 /// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
@@ -598,6 +622,20 @@ mod tests {
 
     /// `linear` with `rows` rows of input.
     fn linear_of_rows(rows: usize, k: usize, n: usize) -> (Graph, Weights, usize, usize) {
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        linear_of_type(DType::F32, rows, k, n, bytes)
+    }
+
+    /// `linear` in `dtype`, its weight's bytes given.
+    fn linear_of_type(
+        dtype: DType,
+        rows: usize,
+        k: usize,
+        n: usize,
+        bytes: Vec<u8>,
+    ) -> (Graph, Weights, usize, usize) {
+        let ty =
+            |shape: &[usize]| TensorType::new(dtype, shape.iter().map(|&d| Dim::from(d)).collect());
         let mut g = Graph::new();
         let x = g
             .add_source(Op::Input { index: 0 }, ty(&[rows, k]), "x")
@@ -608,13 +646,37 @@ mod tests {
         let wt = g.add(Op::Permute { perm: vec![1, 0] }, &[w], "wt").unwrap();
         let y = g.add(Op::Dot, &[x, wt], "y").unwrap();
         g.outputs = vec![y];
-        let bytes: Vec<u8> = (0..n * k).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let mut weights = Weights::new();
         weights.insert(
             "w".into(),
-            HostTensor::owned(DType::F32, vec![n, k], bytes).unwrap(),
+            HostTensor::owned(dtype, vec![n, k], bytes).unwrap(),
         );
         (g, weights, wt, y)
+    }
+
+    /// A bf16 or f16 `linear` of several rows packs its weight in its own type: panels of
+    /// the weight's bytes (columns padded to whole panels), not an f32 copy twice that.
+    #[test]
+    fn a_half_precision_weight_is_packed_in_its_own_type() {
+        if !sgemm::half_panels_available() {
+            return;
+        }
+        let (rows, k, n) = (4, 24, 40);
+        for dtype in [DType::BF16, DType::F16] {
+            // Any finite values: only what is packed, and its size, is checked.
+            let (g, weights, _, y) = linear_of_type(dtype, rows, k, n, vec![0x3c; n * k * 2]);
+            let prog = Program::new(&g, &weights, true, &PackedWeights::default()).unwrap();
+            assert_eq!(
+                prog.packed[y].len(),
+                1,
+                "{dtype}: the weight operand is packed"
+            );
+            assert_eq!(
+                prog.packed[y][0].bytes(),
+                k * n.next_multiple_of(sgemm::NR) * 2,
+                "{dtype}: 16-bit panels"
+            );
+        }
     }
 
     /// `x @ wᵀ` (a `linear`): the weight is packed once, from the weight itself, and no

@@ -473,10 +473,10 @@ pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> 
     }
 }
 
-/// `a · b` for a bf16 or f16 `a` and a right operand packed at compile time from its
-/// weight widened to f32 (`Program::packed`): `a` widened, the f32 product, each output
-/// rounded once — the arithmetic of `dot` on half types, without converting the whole
-/// weight every call.
+/// `a · b` for a bf16 or f16 `a` and a right operand packed at compile time in its own type
+/// (`Program::packed`; the tiles widen its values as they load them): `a` widened, the f32
+/// product, each output rounded once — the arithmetic of `dot` on half types, without
+/// converting the whole weight every call or holding an f32 copy of it.
 pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
     let shape = [a.shape().first().copied().unwrap_or(0), b.cols];
     match a.dtype {

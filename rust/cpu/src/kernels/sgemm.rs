@@ -15,6 +15,15 @@
 //! 16-lane accumulators), the same FMAs in the same order — about twice the arithmetic per
 //! cycle, as ONNX Runtime's MLAS gets there (`EMBER_CPU_AVX512=0` keeps the AVX2 tile).
 //!
+//! A bf16 or f16 weight is packed in its own type (`Packed::b_half`) and the tiles widen
+//! each panel row as they load it (exact), so a 16-bit model's products run this same f32
+//! arithmetic while its packed weights take the weights' bytes, not twice them. The
+//! conversion costs the compute-bound tiles ~10–20 % (it shares the FMA ports); products of
+//! a few rows, bound by reading the weight, run faster for the halved bytes. `vdpbf16ps`
+//! tiles over bf16 pair panels (bf16 activations read in place) were measured too: on our
+//! AVX512-BF16 Xeon VMs they ran ~1.45× slower than these on every multi-row shape of
+//! `gemm_bench` (RESULTS, stop 49), so none is kept.
+//!
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
 //! packs at most its activations (none when their rows are contiguous): for the skinny
 //! products of inference (few rows, wide weights) packing the weight per call costs as much
@@ -31,6 +40,9 @@
 
 use std::cell::RefCell;
 
+use half::{bf16, f16};
+
+use super::rowdot::RowWeight;
 use crate::par;
 
 /// Rows of the register tile.
@@ -55,22 +67,28 @@ pub fn available() -> bool {
     crate::simd::fma_available()
 }
 
-/// A strided f32 matrix: element (i, j) at `ptr + i·rs + j·cs`.
-#[derive(Clone, Copy)]
-pub struct Strided {
-    pub ptr: *const f32,
+/// A strided matrix (of f32 unless said): element (i, j) at `ptr + i·rs + j·cs`.
+pub struct Strided<T = f32> {
+    pub ptr: *const T,
     pub rs: isize,
     pub cs: isize,
 }
 
+impl<T> Clone for Strided<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Strided<T> {}
+
 // SAFETY: a `Strided` only reads, and `sgemm`'s contract keeps its memory alive and unwritten
 // for the call.
-unsafe impl Send for Strided {}
-unsafe impl Sync for Strided {}
+unsafe impl<T> Send for Strided<T> {}
+unsafe impl<T> Sync for Strided<T> {}
 
-impl Strided {
+impl<T> Strided<T> {
     /// Where element (i, j) lies (a method, so closures capture the whole `Sync` struct).
-    fn at(&self, i: usize, j: usize) -> *const f32 {
+    fn at(&self, i: usize, j: usize) -> *const T {
         self.ptr
             .wrapping_offset(i as isize * self.rs + j as isize * self.cs)
     }
@@ -86,7 +104,51 @@ pub struct Packed {
     pub cols: usize,
     /// Whether it is a left (`a`) operand: panels of rows; else panels of columns.
     left: bool,
-    data: std::sync::Arc<Vec<f32>>,
+    data: std::sync::Arc<PanelData>,
+}
+
+/// Packed values, in the type they were packed from: a bf16 or f16 right operand keeps its
+/// 16 bits (the tiles widen each step's panel row as they load it, exactly), so a
+/// half-precision model's packed weights take as many bytes as the weights, not twice.
+pub enum PanelData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl PanelData {
+    fn slice(&self) -> PanelSlice<'_> {
+        match self {
+            PanelData::F32(v) => PanelSlice::new(ElemKind::F32, v),
+            PanelData::Bf16(v) => PanelSlice::new(ElemKind::Bf16, v),
+            PanelData::F16(v) => PanelSlice::new(ElemKind::F16, v),
+        }
+    }
+
+    fn f32(&self) -> &[f32] {
+        match self {
+            PanelData::F32(v) => v,
+            _ => panic!("16-bit panels are right operands of `sgemm` only"),
+        }
+    }
+}
+
+/// The element types a right operand's panels may hold (`Packed::b_half`).
+pub trait PanelElem: RowWeight + Default {
+    #[doc(hidden)]
+    fn wrap(data: Vec<Self>) -> PanelData;
+}
+
+impl PanelElem for bf16 {
+    fn wrap(data: Vec<bf16>) -> PanelData {
+        PanelData::Bf16(data)
+    }
+}
+
+impl PanelElem for f16 {
+    fn wrap(data: Vec<f16>) -> PanelData {
+        PanelData::F16(data)
+    }
 }
 
 impl Packed {
@@ -98,12 +160,11 @@ impl Packed {
         let mut data = vec![0.0; rows.div_ceil(MR) * MR * cols];
         // SAFETY: by the contract; `data` has room for every panel.
         unsafe { pack_a(&mut data, rows, cols, src, par::threads()) };
-        let data = std::sync::Arc::new(data);
         Packed {
             rows,
             cols,
             left: true,
-            data,
+            data: std::sync::Arc::new(PanelData::F32(data)),
         }
     }
 
@@ -112,15 +173,31 @@ impl Packed {
     /// # Safety
     /// `src` must address `rows`×`cols` readable elements.
     pub unsafe fn b(rows: usize, cols: usize, src: Strided) -> Packed {
-        let mut data = vec![0.0; cols.div_ceil(NR) * NR * rows];
+        let mut data = vec![0.0; panels_len(rows, cols)];
         // SAFETY: by the contract; `data` has room for every panel.
         unsafe { pack_b(&mut data, rows, cols, src, par::threads()) };
-        let data = std::sync::Arc::new(data);
         Packed {
             rows,
             cols,
             left: false,
-            data,
+            data: std::sync::Arc::new(PanelData::F32(data)),
+        }
+    }
+
+    /// `src` (`rows`×`cols` of bf16 or f16) packed as the right operand of a product, in its
+    /// own type. Products with it need `half_panels_available()`.
+    ///
+    /// # Safety
+    /// `src` must address `rows`×`cols` readable elements.
+    pub unsafe fn b_half<T: PanelElem>(rows: usize, cols: usize, src: Strided<T>) -> Packed {
+        let mut data = vec![T::default(); panels_len(rows, cols)];
+        // SAFETY: by the contract; `data` has room for every panel.
+        unsafe { pack_b(&mut data, rows, cols, src, par::threads()) };
+        Packed {
+            rows,
+            cols,
+            left: false,
+            data: std::sync::Arc::new(T::wrap(data)),
         }
     }
 
@@ -134,18 +211,40 @@ impl Packed {
         self.left
     }
 
-    /// Panel `q` of a right operand: `rows` steps of `NR` values (columns `q·NR..`, zero
-    /// past the last column).
+    /// Bytes its panels take.
+    pub fn bytes(&self) -> usize {
+        match &*self.data {
+            PanelData::F32(v) => std::mem::size_of_val(&v[..]),
+            PanelData::Bf16(v) => std::mem::size_of_val(&v[..]),
+            PanelData::F16(v) => std::mem::size_of_val(&v[..]),
+        }
+    }
+
+    /// Panel `q` of an f32 right operand: `rows` steps of `NR` values (columns `q·NR..`,
+    /// zero past the last column).
     pub fn right_panel(&self, q: usize) -> &[f32] {
         assert!(!self.left, "a left operand has no column panels");
-        &self.data[q * NR * self.rows..(q + 1) * NR * self.rows]
+        &self.data.f32()[q * NR * self.rows..(q + 1) * NR * self.rows]
     }
 
     /// Panel `p` of a left operand: `cols` steps of `MR` values (rows `p·MR..`, zero past
     /// the last row).
     pub fn left_panel(&self, p: usize) -> &[f32] {
         assert!(self.left, "a right operand has no row panels");
-        &self.data[p * MR * self.cols..(p + 1) * MR * self.cols]
+        &self.data.f32()[p * MR * self.cols..(p + 1) * MR * self.cols]
+    }
+}
+
+/// Whether this CPU runs products with 16-bit panels (`Packed::b_half`): `available()` and
+/// F16C, which the AVX2 tile is compiled with for f16 loads.
+pub fn half_panels_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && <f16 as RowWeight>::loads_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -210,10 +309,10 @@ fn split(n: usize, threads: usize, work: usize, body: impl Fn(usize) + Sync) {
     }
 }
 
-struct SendPtr(*mut f32);
+struct SendPtr<T = f32>(*mut T);
 // SAFETY: shared only to write disjoint panels or tiles of one exclusively borrowed buffer.
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
+unsafe impl<T> Sync for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}
 
 /// Packs `src` (`rows`×`k`) into `dst` as panels of `MR` rows, each `k`×`MR` (k-major).
 ///
@@ -255,8 +354,14 @@ unsafe fn pack_a(dst: &mut [f32], rows: usize, k: usize, src: Strided, threads: 
 /// Packs `src` (`k`×`cols`) into `dst` as panels of `NR` columns, each `k`×`NR`.
 ///
 /// # Safety
-/// `src` must address `k`×`cols` readable elements; `dst` holds ⌈cols/NR⌉·NR·k floats.
-unsafe fn pack_b(dst: &mut [f32], k: usize, cols: usize, src: Strided, threads: usize) {
+/// `src` must address `k`×`cols` readable elements; `dst` holds ⌈cols/NR⌉·NR·k values.
+unsafe fn pack_b<T: Copy + Default>(
+    dst: &mut [T],
+    k: usize,
+    cols: usize,
+    src: Strided<T>,
+    threads: usize,
+) {
     let panels = cols.div_ceil(NR);
     assert!(dst.len() >= panels * NR * k);
     let base = SendPtr(dst.as_mut_ptr());
@@ -271,24 +376,31 @@ unsafe fn pack_b(dst: &mut [f32], k: usize, cols: usize, src: Strided, threads: 
 /// past it read as zero) into `out` (`kc`×`NR`).
 ///
 /// # Safety
-/// `src` must address rows `k0..k0 + kc` of `cols` columns; `out` holds kc·NR floats.
-unsafe fn pack_b_panel(out: *mut f32, src: Strided, k0: usize, kc: usize, c0: usize, cols: usize) {
+/// `src` must address rows `k0..k0 + kc` of `cols` columns; `out` holds kc·NR values.
+unsafe fn pack_b_panel<T: Copy + Default>(
+    out: *mut T,
+    src: Strided<T>,
+    k0: usize,
+    kc: usize,
+    c0: usize,
+    cols: usize,
+) {
     let live = NR.min(cols - c0);
     // SAFETY (whole body): reads inside the rows and live columns; writes inside `out`.
     unsafe {
         if src.cs == 1 && live == NR {
-            // A fixed-size copy compiles to two vector moves (a `copy_nonoverlapping` of a
+            // A fixed-size copy compiles to vector moves (a `copy_nonoverlapping` of a
             // run-time length is a `memmove` call per row).
             for p in 0..kc {
-                let row = src.at(k0 + p, c0) as *const [f32; NR];
-                (out.add(p * NR) as *mut [f32; NR]).write_unaligned(row.read_unaligned());
+                let row = src.at(k0 + p, c0) as *const [T; NR];
+                (out.add(p * NR) as *mut [T; NR]).write_unaligned(row.read_unaligned());
             }
         } else if src.cs == 1 {
             for p in 0..kc {
                 let o = out.add(p * NR);
                 std::ptr::copy_nonoverlapping(src.at(k0 + p, c0), o, live);
                 for c in live..NR {
-                    *o.add(c) = 0.0;
+                    *o.add(c) = T::default();
                 }
             }
         } else {
@@ -301,7 +413,7 @@ unsafe fn pack_b_panel(out: *mut f32, src: Strided, k0: usize, kc: usize, c0: us
                     for p in p0..p1 {
                         *out.add(p * NR + c) = match c < live {
                             true => *src.at(k0 + p, c0 + c),
-                            false => 0.0,
+                            false => T::default(),
                         };
                     }
                 }
@@ -330,30 +442,19 @@ pub unsafe fn sgemm(
     ldc: usize,
     threads: usize,
 ) {
-    if m == 0 || n == 0 {
+    // SAFETY: c by the contract.
+    let Some(threads) = (unsafe { threads_for((m, n, k), c, ldc, threads) }) else {
         return;
-    }
-    if k == 0 {
-        for i in 0..m {
-            // SAFETY: row i of c by the contract.
-            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-        }
-        return;
-    }
-    let threads = if m * n * k >= PAR_MIN_WORK || n * k >= PAR_MIN_STREAM {
-        threads
-    } else {
-        1
     };
     let b = match b {
-        Operand::Packed(p) => Panels::Packed(&p.data),
-        Operand::PanelsB(p) => Panels::Packed(p),
+        Operand::Packed(p) => Panels::Packed(p.data.slice()),
+        Operand::PanelsB(p) => Panels::Packed(PanelSlice::new(ElemKind::F32, p)),
         Operand::Strided(s) => Panels::Strided(s),
     };
     match a {
         // SAFETY: the packed operands have the shapes of the contract; c by the contract.
         Operand::Packed(pa) => unsafe {
-            multiply((m, n, k), Left::Packed(&pa.data), b, c, ldc, threads)
+            multiply((m, n, k), Left::Packed(pa.data.f32()), b, c, ldc, threads)
         },
         Operand::PanelsB(_) => panic!("a panel-layout operand is a right operand"),
         // Rows with unit stride: the tiles broadcast straight from them, as MLAS does;
@@ -385,13 +486,113 @@ pub unsafe fn sgemm(
     }
 }
 
+/// Threads a product of these sizes runs on; `None` (and `c` written) when it is empty:
+/// zeros for k = 0.
+///
+/// # Safety
+/// `c` must address `m` rows of `n` writable elements at stride `ldc`.
+unsafe fn threads_for(
+    (m, n, k): (usize, usize, usize),
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) -> Option<usize> {
+    if m == 0 || n == 0 {
+        return None;
+    }
+    if k == 0 {
+        for i in 0..m {
+            // SAFETY: row i of c by the contract.
+            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
+        }
+        return None;
+    }
+    Some(match m * n * k >= PAR_MIN_WORK || n * k >= PAR_MIN_STREAM {
+        true => threads,
+        false => 1,
+    })
+}
+
 /// The right operand: panels packed already, or a matrix whose panels each task packs as
 /// it reaches them (into a buffer that stays in L1), so the packing costs no extra pass over
 /// memory.
 #[derive(Clone, Copy)]
 enum Panels<'a> {
-    Packed(&'a [f32]),
+    Packed(PanelSlice<'a>),
     Strided(Strided),
+}
+
+/// The element type of a right operand's panels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ElemKind {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Panels of any `ElemKind`: a slice without its type, so one `multiply` serves them all
+/// and only the register tiles are compiled per type.
+#[derive(Clone, Copy)]
+struct PanelSlice<'a> {
+    kind: ElemKind,
+    ptr: *const u8,
+    len: usize,
+    _slice: std::marker::PhantomData<&'a [u8]>,
+}
+
+// SAFETY: a shared slice of plain values (f32, bf16 or f16), read only.
+unsafe impl Send for PanelSlice<'_> {}
+unsafe impl Sync for PanelSlice<'_> {}
+
+impl<'a> PanelSlice<'a> {
+    fn new<T>(kind: ElemKind, values: &'a [T]) -> Self {
+        debug_assert_eq!(std::mem::size_of::<T>(), kind.size());
+        PanelSlice {
+            kind,
+            ptr: values.as_ptr().cast(),
+            len: values.len(),
+            _slice: std::marker::PhantomData,
+        }
+    }
+
+    /// Where its element `i` lies.
+    fn at(&self, i: usize) -> PanelPtr {
+        assert!(i < self.len, "panel element {i} of {}", self.len);
+        PanelPtr {
+            kind: self.kind,
+            ptr: self.ptr.wrapping_add(i * self.kind.size()),
+        }
+    }
+}
+
+impl ElemKind {
+    fn size(self) -> usize {
+        match self {
+            ElemKind::F32 => 4,
+            ElemKind::Bf16 | ElemKind::F16 => 2,
+        }
+    }
+}
+
+/// Where a tile's panel slice starts, and the type of its values.
+#[derive(Clone, Copy)]
+struct PanelPtr {
+    kind: ElemKind,
+    ptr: *const u8,
+}
+
+impl PanelPtr {
+    const NONE: PanelPtr = PanelPtr {
+        kind: ElemKind::F32,
+        ptr: std::ptr::null(),
+    };
+
+    fn f32(ptr: *const f32) -> Self {
+        PanelPtr {
+            kind: ElemKind::F32,
+            ptr: ptr.cast(),
+        }
+    }
 }
 
 /// The left operand: panels packed already, or rows read in place (unit column stride,
@@ -461,7 +662,7 @@ unsafe fn multiply(
         assert!(pa.len() >= a_panels * MR * k);
     }
     if let Panels::Packed(pb) = pb {
-        assert!(pb.len() >= b_panels * NR * k);
+        assert!(pb.len >= b_panels * NR * k);
     }
     let row_blocks = m.div_ceil(MC);
     let wide = crate::simd::avx512_available();
@@ -492,17 +693,17 @@ unsafe fn multiply(
                 // accumulators for six rows).
                 let pair = wide && q + 1 < q1;
                 let cols = (if pair { 2 * NR } else { NR }).min(n - q * NR);
-                let mut bp = [std::ptr::null::<f32>(); 2];
+                let mut bp = [PanelPtr::NONE; 2];
                 for (h, bp) in bp.iter_mut().enumerate().take(1 + pair as usize) {
                     *bp = match pb {
-                        Panels::Packed(pb) => pb[(q + h) * NR * k + kb * NR..].as_ptr(),
+                        Panels::Packed(pb) => pb.at((q + h) * NR * k + kb * NR),
                         Panels::Strided(s) => {
                             // SAFETY: s addresses k×n elements; the buffer holds two panels
                             // of KC·NR floats.
                             unsafe {
                                 let dst = panels.as_mut_ptr().cast::<f32>().add(h * KC * NR);
                                 pack_b_panel(dst, s, kb, kc, (q + h) * NR, n);
-                                dst
+                                PanelPtr::f32(dst)
                             }
                         }
                     };
@@ -549,7 +750,7 @@ unsafe fn wide_tile(
     cols: usize,
     kc: usize,
     (a, lda): (*const f32, Option<isize>),
-    bp: [*const f32; 2],
+    bp: [PanelPtr; 2],
     c: *mut f32,
     ldc: usize,
     add: bool,
@@ -558,11 +759,38 @@ unsafe fn wide_tile(
     // SAFETY: by the contract.
     unsafe {
         use x86_512::tile as t;
+        // Both panels are slices of one operand: of one type.
+        let typed = |e: ElemKind| {
+            debug_assert!(bp[0].kind == e && (cols <= NR || bp[1].kind == e));
+            [bp[0].ptr, bp[1].ptr]
+        };
         macro_rules! by_layout {
             ($r:literal, $p:literal) => {
-                match lda {
-                    None => t::<$r, $p, false>(cols, kc, a, 0, bp, c, ldc, add),
-                    Some(lda) => t::<$r, $p, true>(cols, kc, a, lda, bp, c, ldc, add),
+                match (lda, bp[0].kind) {
+                    (None, ElemKind::F32) => {
+                        let bp = typed(ElemKind::F32).map(|p| p.cast::<f32>());
+                        t::<f32, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::F32) => {
+                        let bp = typed(ElemKind::F32).map(|p| p.cast::<f32>());
+                        t::<f32, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
+                    }
+                    (None, ElemKind::Bf16) => {
+                        let bp = typed(ElemKind::Bf16).map(|p| p.cast::<bf16>());
+                        t::<bf16, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::Bf16) => {
+                        let bp = typed(ElemKind::Bf16).map(|p| p.cast::<bf16>());
+                        t::<bf16, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
+                    }
+                    (None, ElemKind::F16) => {
+                        let bp = typed(ElemKind::F16).map(|p| p.cast::<f16>());
+                        t::<f16, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::F16) => {
+                        let bp = typed(ElemKind::F16).map(|p| p.cast::<f16>());
+                        t::<f16, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
+                    }
                 }
             };
         }
@@ -595,19 +823,37 @@ unsafe fn tile(
     cols: usize,
     kc: usize,
     (a, lda): (*const f32, Option<isize>),
-    b: *const f32,
+    b: PanelPtr,
     c: *mut f32,
     ldc: usize,
     add: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present.
+    // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present (and
+    // F16C for 16-bit panels: `half_panels_available()`).
     unsafe {
+        use x86::tile as t;
         macro_rules! by_layout {
             ($r:literal) => {
-                match lda {
-                    None => x86::tile::<$r, false>(cols, kc, a, 0, b, c, ldc, add),
-                    Some(lda) => x86::tile::<$r, true>(cols, kc, a, lda, b, c, ldc, add),
+                match (lda, b.kind) {
+                    (None, ElemKind::F32) => {
+                        t::<f32, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::F32) => {
+                        t::<f32, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
+                    }
+                    (None, ElemKind::Bf16) => {
+                        t::<bf16, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::Bf16) => {
+                        t::<bf16, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
+                    }
+                    (None, ElemKind::F16) => {
+                        t::<f16, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
+                    }
+                    (Some(lda), ElemKind::F16) => {
+                        t::<f16, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
+                    }
                 }
             };
         }
@@ -668,19 +914,20 @@ impl<const R: usize, const ROWS: bool> LeftTile<R, ROWS> {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{LeftTile, NR};
+    use crate::kernels::rowdot::RowWeight;
     use std::arch::x86_64::*;
 
     /// The `R`-row tile. Two passes over k interleave (even and odd steps into separate
     /// accumulators) when R is small, so FMA latency is hidden by independent chains.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the accumulators and the a panel
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tile<const R: usize, const ROWS: bool>(
+    pub unsafe fn tile<E: RowWeight, const R: usize, const ROWS: bool>(
         cols: usize,
         kc: usize,
         a: *const f32,
         lda: isize,
-        b: *const f32,
+        b: *const E,
         c: *mut f32,
         ldc: usize,
         add: bool,
@@ -694,13 +941,10 @@ mod x86 {
                 let mut odd = [[_mm256_setzero_ps(); 2]; R];
                 let mut p = 0;
                 while p + 1 < kc {
-                    let (b0, b1) = (
-                        _mm256_loadu_ps(b.add(p * NR)),
-                        _mm256_loadu_ps(b.add(p * NR + 8)),
-                    );
+                    let (b0, b1) = (E::load8(b.add(p * NR)), E::load8(b.add(p * NR + 8)));
                     let (b2, b3) = (
-                        _mm256_loadu_ps(b.add(p * NR + NR)),
-                        _mm256_loadu_ps(b.add(p * NR + NR + 8)),
+                        E::load8(b.add(p * NR + NR)),
+                        E::load8(b.add(p * NR + NR + 8)),
                     );
                     for r in 0..R {
                         let x = _mm256_broadcast_ss(&*left.at(r, p));
@@ -713,10 +957,7 @@ mod x86 {
                     p += 2;
                 }
                 if p < kc {
-                    let (b0, b1) = (
-                        _mm256_loadu_ps(b.add(p * NR)),
-                        _mm256_loadu_ps(b.add(p * NR + 8)),
-                    );
+                    let (b0, b1) = (E::load8(b.add(p * NR)), E::load8(b.add(p * NR + 8)));
                     for r in 0..R {
                         let x = _mm256_broadcast_ss(&*left.at(r, p));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
@@ -729,10 +970,7 @@ mod x86 {
                 }
             } else {
                 for p in 0..kc {
-                    let (b0, b1) = (
-                        _mm256_loadu_ps(b.add(p * NR)),
-                        _mm256_loadu_ps(b.add(p * NR + 8)),
-                    );
+                    let (b0, b1) = (E::load8(b.add(p * NR)), E::load8(b.add(p * NR + 8)));
                     for r in 0..R {
                         let x = _mm256_broadcast_ss(&*left.at(r, p));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
@@ -767,6 +1005,7 @@ mod x86 {
 #[cfg(target_arch = "x86_64")]
 mod x86_512 {
     use super::{LeftTile, NR};
+    use crate::kernels::rowdot::RowWeight;
     use std::arch::x86_64::*;
 
     /// The `R`-row tile over `P` adjacent panels (`P`·16 columns, the last `cols` live):
@@ -774,12 +1013,12 @@ mod x86_512 {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::needless_range_loop)] // `r` indexes the accumulators and the a panel
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tile<const R: usize, const P: usize, const ROWS: bool>(
+    pub unsafe fn tile<E: RowWeight, const R: usize, const P: usize, const ROWS: bool>(
         cols: usize,
         kc: usize,
         a: *const f32,
         lda: isize,
-        bp: [*const f32; 2],
+        bp: [*const E; 2],
         c: *mut f32,
         ldc: usize,
         add: bool,
@@ -792,7 +1031,7 @@ mod x86_512 {
             for p in 0..kc {
                 let mut b = [_mm512_setzero_ps(); P];
                 for h in 0..P {
-                    b[h] = _mm512_loadu_ps(bp[h].add(p * NR));
+                    b[h] = E::load16(bp[h].add(p * NR));
                 }
                 for r in 0..R {
                     let x = _mm512_set1_ps(*left.at(r, p));
@@ -933,5 +1172,95 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// 16-bit panels hold the weight as it is and widen it in the tiles: every output is
+    /// the f32 product of the widened weight, bit for bit, in every tile shape (narrow and
+    /// AVX-512, one to six rows, partial panels), from row-major and transposed sources,
+    /// and half the bytes of f32 panels.
+    #[test]
+    fn half_panels_give_the_f32_panels_product_bit_for_bit() {
+        if !half_panels_available() {
+            return;
+        }
+        fn check<T: PanelElem>(name: &str) {
+            let helpers = par::Helpers::for_threads(2);
+            for &(m, n, k) in &[
+                (1, 17, 3),
+                (2, 33, 257),
+                (5, 70, 33),
+                (9, 20, 40),
+                (13, 48, 300),
+                (32, 40, 100),
+            ] {
+                let a = data(m * k, 3);
+                let b: Vec<T> = data(k * n, 4).into_iter().map(T::from_f32).collect();
+                let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+                let bt: Vec<T> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                let sa = Strided {
+                    ptr: a.as_ptr(),
+                    rs: k as isize,
+                    cs: 1,
+                };
+                // SAFETY (all three packs): the operands address exactly these shapes.
+                let f32_panels = unsafe {
+                    Packed::b(
+                        k,
+                        n,
+                        Strided {
+                            ptr: wide.as_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        },
+                    )
+                };
+                let rows = unsafe {
+                    Packed::b_half(
+                        k,
+                        n,
+                        Strided {
+                            ptr: b.as_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        },
+                    )
+                };
+                let columns = unsafe {
+                    Packed::b_half(
+                        k,
+                        n,
+                        Strided {
+                            ptr: bt.as_ptr(),
+                            rs: 1,
+                            cs: k as isize,
+                        },
+                    )
+                };
+                assert_eq!(2 * rows.bytes(), f32_panels.bytes());
+                for threads in [1, 2] {
+                    let run = |pb: &Packed| {
+                        let mut c = vec![f32::NAN; m * n];
+                        par::with_helpers(&helpers, threads, || {
+                            let (oa, ob) = (Operand::Strided(sa), Operand::Packed(pb));
+                            // SAFETY: c has m rows of n.
+                            unsafe { sgemm((m, n, k), oa, ob, c.as_mut_ptr(), n, threads) }
+                        });
+                        c
+                    };
+                    let want = run(&f32_panels);
+                    for (form, pb) in [("row-major", &rows), ("transposed", &columns)] {
+                        let got = run(pb);
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == w.to_bits(),
+                                "{name} {form} {m}x{n}x{k} threads {threads} at {i}: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        check::<bf16>("bf16");
+        check::<f16>("f16");
     }
 }
