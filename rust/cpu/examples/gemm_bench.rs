@@ -139,40 +139,34 @@ fn main() {
             };
             let f32_packed_us = packed_us(&packed);
             let gflops = 2.0 * (m * n * k) as f64 / f32_packed_us / 1e3;
-            let (bf16_us, f16_us) = if sgemm::half_panels_available() {
-                let bh: Vec<bf16> = b.iter().map(|&v| bf16::from_f32(v)).collect();
-                let fh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
-                let rs = n as isize;
-                // SAFETY: bh and fh hold k×n elements.
-                let (pbh, pfh) = unsafe {
-                    (
-                        Packed::b_half(
-                            k,
-                            n,
-                            Strided {
-                                ptr: bh.as_ptr(),
-                                rs,
-                                cs: 1,
-                            },
-                        ),
-                        Packed::b_half(
-                            k,
-                            n,
-                            Strided {
-                                ptr: fh.as_ptr(),
-                                rs,
-                                cs: 1,
-                            },
-                        ),
-                    )
-                };
+            // The weight as a bf16 or f16 model holds it: panels of its own type.
+            let bh: Vec<bf16> = b.iter().map(|&v| bf16::from_f32(v)).collect();
+            let fh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+            let rs = n as isize;
+            // SAFETY: bh and fh hold k×n elements.
+            let (pbh, pfh) = unsafe {
                 (
-                    format!("{:.1}", packed_us(&pbh)),
-                    format!("{:.1}", packed_us(&pfh)),
+                    Packed::b_half(
+                        k,
+                        n,
+                        Strided {
+                            ptr: bh.as_ptr(),
+                            rs,
+                            cs: 1,
+                        },
+                    ),
+                    Packed::b_half(
+                        k,
+                        n,
+                        Strided {
+                            ptr: fh.as_ptr(),
+                            rs,
+                            cs: 1,
+                        },
+                    ),
                 )
-            } else {
-                ("—".to_string(), "—".to_string())
             };
+            let (bf16_us, f16_us) = (packed_us(&pbh), packed_us(&pfh));
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {
@@ -187,7 +181,7 @@ fn main() {
                 "—".to_string()
             };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us} | {f16_us} | {rowwise} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {rowwise} |"
             );
         }
     }

@@ -155,20 +155,13 @@ impl PackedWeights {
             // A half-precision weight keeps its type in the panels (the tiles widen it as
             // they load it): its products run the f32 GEMM's arithmetic on the same values
             // while holding as many bytes as the weight, not the twice an f32 copy took.
-            DType::BF16 if sgemm::half_panels_available() => half_panels::<bf16>(w)?,
-            DType::F16 if sgemm::half_panels_available() => half_panels::<f16>(w)?,
-            _ => {
-                // Without F16C (no CPU with AVX2 lacks it): packed from an f32 copy.
-                let wide = crate::kernels::elementwise::cast(w, DType::F32)?;
-                let f = wide.view::<f32>()?;
-                let src = sgemm::Strided {
-                    ptr: f.ptr,
-                    rs: f.strides[0],
-                    cs: f.strides[1],
-                };
-                // SAFETY: the view addresses the f32 value's rows × cols elements, alive
-                // here.
-                unsafe { Packed::b(f.shape[0], f.shape[1], src) }
+            DType::BF16 => panels_of::<bf16>(w, Packed::b_half)?,
+            DType::F16 => panels_of::<f16>(w, Packed::b_half)?,
+            DType::F32 => panels_of::<f32>(w, Packed::b)?,
+            d => {
+                return Err(crate::error::CpuError::Internal(format!(
+                    "packing a {d} weight"
+                )))
             }
         };
         map.insert(key, (w.clone(), packed.clone()));
@@ -176,8 +169,11 @@ impl PackedWeights {
     }
 }
 
-/// A 2-D bf16 or f16 weight packed as `sgemm` panels of its own type.
-fn half_panels<T: sgemm::PanelElem>(w: &Val) -> crate::error::KResult<Packed> {
+/// A 2-D weight packed as `sgemm` panels (of its own type) by `pack`.
+fn panels_of<T: Copy>(
+    w: &Val,
+    pack: unsafe fn(usize, usize, sgemm::Strided<T>) -> Packed,
+) -> crate::error::KResult<Packed> {
     let v = w.view::<T>()?;
     let src = sgemm::Strided {
         ptr: v.ptr,
@@ -185,7 +181,7 @@ fn half_panels<T: sgemm::PanelElem>(w: &Val) -> crate::error::KResult<Packed> {
         cs: v.strides[1],
     };
     // SAFETY: the view addresses the weight's rows × cols elements, alive here.
-    Ok(unsafe { Packed::b_half(v.shape[0], v.shape[1], src) })
+    Ok(unsafe { pack(v.shape[0], v.shape[1], src) })
 }
 
 /// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
@@ -658,7 +654,7 @@ mod tests {
     /// the weight's bytes (columns padded to whole panels), not an f32 copy twice that.
     #[test]
     fn a_half_precision_weight_is_packed_in_its_own_type() {
-        if !sgemm::half_panels_available() {
+        if !sgemm::available() {
             return;
         }
         let (rows, k, n) = (4, 24, 40);

@@ -62,9 +62,18 @@ const PAR_MIN_WORK: usize = 1 << 21;
 /// join. Measured on the decode benchmark, alternating in one process: 1.35 → 1.01 ms.
 const PAR_MIN_STREAM: usize = 1 << 15;
 
-/// Whether this CPU runs the kernel (AVX2 and FMA; `EMBER_CPU_SIMD=0` turns it off).
+/// Whether this CPU runs the kernel: AVX2, FMA and F16C, which the AVX2 tile is compiled
+/// with for its f16 panels (every AVX2 CPU made has it; checked all the same).
+/// `EMBER_CPU_SIMD=0` turns it off.
 pub fn available() -> bool {
-    crate::simd::fma_available()
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd::fma_available() && <f32 as RowWeight>::loads_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A strided matrix (of f32 unless said): element (i, j) at `ptr + i·rs + j·cs`.
@@ -185,7 +194,7 @@ impl Packed {
     }
 
     /// `src` (`rows`×`cols` of bf16 or f16) packed as the right operand of a product, in its
-    /// own type. Products with it need `half_panels_available()`.
+    /// own type.
     ///
     /// # Safety
     /// `src` must address `rows`×`cols` readable elements.
@@ -232,19 +241,6 @@ impl Packed {
     pub fn left_panel(&self, p: usize) -> &[f32] {
         assert!(self.left, "a right operand has no row panels");
         &self.data.f32()[p * MR * self.cols..(p + 1) * MR * self.cols]
-    }
-}
-
-/// Whether this CPU runs products with 16-bit panels (`Packed::b_half`): `available()` and
-/// F16C, which the AVX2 tile is compiled with for f16 loads.
-pub fn half_panels_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        available() && <f16 as RowWeight>::loads_available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -830,7 +826,7 @@ unsafe fn tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present (and
-    // F16C for 16-bit panels: `half_panels_available()`).
+    // F16C).
     unsafe {
         use x86::tile as t;
         macro_rules! by_layout {
@@ -1180,7 +1176,7 @@ mod tests {
     /// and half the bytes of f32 panels.
     #[test]
     fn half_panels_give_the_f32_panels_product_bit_for_bit() {
-        if !half_panels_available() {
+        if !available() {
             return;
         }
         fn check<T: PanelElem>(name: &str) {
