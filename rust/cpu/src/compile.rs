@@ -185,7 +185,8 @@ fn panels_of<T: Copy>(
 }
 
 /// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
-/// f32 values known at compile time and the activations are not.
+/// known at compile time and the activations are not: f32 (products and convolutions) or
+/// bf16/f16 (products).
 fn pack_weight_operands(
     graph: &Graph,
     node: &ember_core::ir::Node,

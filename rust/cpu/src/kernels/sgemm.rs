@@ -222,11 +222,8 @@ impl Packed {
 
     /// Bytes its panels take.
     pub fn bytes(&self) -> usize {
-        match &*self.data {
-            PanelData::F32(v) => std::mem::size_of_val(&v[..]),
-            PanelData::Bf16(v) => std::mem::size_of_val(&v[..]),
-            PanelData::F16(v) => std::mem::size_of_val(&v[..]),
-        }
+        let panels = self.data.slice();
+        panels.len * panels.kind.size()
     }
 
     /// Panel `q` of an f32 right operand: `rows` steps of `NR` values (columns `q·NR..`,
@@ -438,9 +435,20 @@ pub unsafe fn sgemm(
     ldc: usize,
     threads: usize,
 ) {
-    // SAFETY: c by the contract.
-    let Some(threads) = (unsafe { threads_for((m, n, k), c, ldc, threads) }) else {
+    if m == 0 || n == 0 {
         return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            // SAFETY: row i of c by the contract.
+            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
+        }
+        return;
+    }
+    let threads = if m * n * k >= PAR_MIN_WORK || n * k >= PAR_MIN_STREAM {
+        threads
+    } else {
+        1
     };
     let b = match b {
         Operand::Packed(p) => Panels::Packed(p.data.slice()),
@@ -480,33 +488,6 @@ pub unsafe fn sgemm(
             }
         }),
     }
-}
-
-/// Threads a product of these sizes runs on; `None` (and `c` written) when it is empty:
-/// zeros for k = 0.
-///
-/// # Safety
-/// `c` must address `m` rows of `n` writable elements at stride `ldc`.
-unsafe fn threads_for(
-    (m, n, k): (usize, usize, usize),
-    c: *mut f32,
-    ldc: usize,
-    threads: usize,
-) -> Option<usize> {
-    if m == 0 || n == 0 {
-        return None;
-    }
-    if k == 0 {
-        for i in 0..m {
-            // SAFETY: row i of c by the contract.
-            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-        }
-        return None;
-    }
-    Some(match m * n * k >= PAR_MIN_WORK || n * k >= PAR_MIN_STREAM {
-        true => threads,
-        false => 1,
-    })
 }
 
 /// The right operand: panels packed already, or a matrix whose panels each task packs as
@@ -711,14 +692,11 @@ unsafe fn multiply(
                     // AVX-512F is present.
                     unsafe {
                         let ct = c.0.add(row0 * ldc + q * NR);
-                        if wide && rows >= WIDE_MIN_ROWS {
-                            wide_tile(rows, cols, kc, a, bp, ct, ldc, kb > 0);
-                        } else {
-                            tile(rows, cols.min(NR), kc, a, bp[0], ct, ldc, kb > 0);
-                            if pair {
-                                let ct = ct.add(NR);
-                                tile(rows, cols - NR, kc, a, bp[1], ct, ldc, kb > 0);
-                            }
+                        let shape = (rows, cols, kc, wide);
+                        match bp[0].kind {
+                            ElemKind::F32 => tiles::<f32>(shape, a, bp, ct, ldc, kb > 0),
+                            ElemKind::Bf16 => tiles::<bf16>(shape, a, bp, ct, ldc, kb > 0),
+                            ElemKind::F16 => tiles::<f16>(shape, a, bp, ct, ldc, kb > 0),
                         }
                     }
                 }
@@ -727,6 +705,35 @@ unsafe fn multiply(
             kb += kc;
         }
     });
+}
+
+/// The register tile(s) over one panel, or two adjacent ones (`cols > NR`), of `E` values:
+/// one AVX-512 tile over both, or an AVX2 tile per panel.
+///
+/// # Safety
+/// As `multiply`; `rows ≤ MR`, `cols ≤ 2·NR`; `bp` hold `E` values (`bp[1]` when
+/// `cols > NR`); `wide` only where AVX-512F is present.
+#[inline]
+unsafe fn tiles<E: RowWeight>(
+    (rows, cols, kc, wide): (usize, usize, usize, bool),
+    a: (*const f32, Option<isize>),
+    bp: [PanelPtr; 2],
+    c: *mut f32,
+    ldc: usize,
+    add: bool,
+) {
+    let bp = bp.map(|p| p.ptr.cast::<E>());
+    // SAFETY: by the contract.
+    unsafe {
+        if wide && rows >= WIDE_MIN_ROWS {
+            wide_tile(rows, cols, kc, a, bp, c, ldc, add);
+        } else {
+            tile(rows, cols.min(NR), kc, a, bp[0], c, ldc, add);
+            if cols > NR {
+                tile(rows, cols - NR, kc, a, bp[1], c.add(NR), ldc, add);
+            }
+        }
+    }
 }
 
 /// Rows from which a tile runs on AVX-512 where the CPU has it: fewer rows give too few
@@ -741,12 +748,12 @@ const WIDE_MIN_ROWS: usize = 3;
 /// As `multiply`; `rows ≤ MR`; `bp[1]` is a panel when `cols > NR`; AVX-512F present.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn wide_tile(
+unsafe fn wide_tile<E: RowWeight>(
     rows: usize,
     cols: usize,
     kc: usize,
     (a, lda): (*const f32, Option<isize>),
-    bp: [PanelPtr; 2],
+    bp: [*const E; 2],
     c: *mut f32,
     ldc: usize,
     add: bool,
@@ -755,38 +762,11 @@ unsafe fn wide_tile(
     // SAFETY: by the contract.
     unsafe {
         use x86_512::tile as t;
-        // Both panels are slices of one operand: of one type.
-        let typed = |e: ElemKind| {
-            debug_assert!(bp[0].kind == e && (cols <= NR || bp[1].kind == e));
-            [bp[0].ptr, bp[1].ptr]
-        };
         macro_rules! by_layout {
             ($r:literal, $p:literal) => {
-                match (lda, bp[0].kind) {
-                    (None, ElemKind::F32) => {
-                        let bp = typed(ElemKind::F32).map(|p| p.cast::<f32>());
-                        t::<f32, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::F32) => {
-                        let bp = typed(ElemKind::F32).map(|p| p.cast::<f32>());
-                        t::<f32, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
-                    }
-                    (None, ElemKind::Bf16) => {
-                        let bp = typed(ElemKind::Bf16).map(|p| p.cast::<bf16>());
-                        t::<bf16, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::Bf16) => {
-                        let bp = typed(ElemKind::Bf16).map(|p| p.cast::<bf16>());
-                        t::<bf16, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
-                    }
-                    (None, ElemKind::F16) => {
-                        let bp = typed(ElemKind::F16).map(|p| p.cast::<f16>());
-                        t::<f16, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::F16) => {
-                        let bp = typed(ElemKind::F16).map(|p| p.cast::<f16>());
-                        t::<f16, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add)
-                    }
+                match lda {
+                    None => t::<E, $r, $p, false>(cols, kc, a, 0, bp, c, ldc, add),
+                    Some(lda) => t::<E, $r, $p, true>(cols, kc, a, lda, bp, c, ldc, add),
                 }
             };
         }
@@ -814,42 +794,24 @@ unsafe fn wide_tile(
 /// As `multiply`; `rows ≤ MR`, `cols ≤ NR`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn tile(
+unsafe fn tile<E: RowWeight>(
     rows: usize,
     cols: usize,
     kc: usize,
     (a, lda): (*const f32, Option<isize>),
-    b: PanelPtr,
+    b: *const E,
     c: *mut f32,
     ldc: usize,
     add: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sgemm`'s contract includes `available()`, so AVX2 and FMA are present (and
-    // F16C).
+    // SAFETY: `sgemm`'s contract includes `available()`, so AVX2, FMA and F16C are present.
     unsafe {
-        use x86::tile as t;
         macro_rules! by_layout {
             ($r:literal) => {
-                match (lda, b.kind) {
-                    (None, ElemKind::F32) => {
-                        t::<f32, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::F32) => {
-                        t::<f32, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
-                    }
-                    (None, ElemKind::Bf16) => {
-                        t::<bf16, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::Bf16) => {
-                        t::<bf16, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
-                    }
-                    (None, ElemKind::F16) => {
-                        t::<f16, $r, false>(cols, kc, a, 0, b.ptr.cast(), c, ldc, add)
-                    }
-                    (Some(lda), ElemKind::F16) => {
-                        t::<f16, $r, true>(cols, kc, a, lda, b.ptr.cast(), c, ldc, add)
-                    }
+                match lda {
+                    None => x86::tile::<E, $r, false>(cols, kc, a, 0, b, c, ldc, add),
+                    Some(lda) => x86::tile::<E, $r, true>(cols, kc, a, lda, b, c, ldc, add),
                 }
             };
         }
