@@ -205,6 +205,40 @@ def test_multi_row_half_precision_products_with_weights(rows, dtype, backend):
     check(fn, [rand(rows, 300, dtype=dtype)], backend, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_multi_row_half_precision_products_of_activations(dtype, backend):
+    # Both operands computed per call (attention's scores and values, a broadcast batch): the
+    # CPU reads the right one in place in its own type, its panels packed per task.
+    # Scores of a few units: eager rounds them to 16 bits before its softmax, which on
+    # scores of hundreds moves the probabilities by more than any tolerance.
+    def fn(q, k, a, b):
+        return (q @ k.transpose(-1, -2) * 40**-0.5).softmax(-1) @ k, a @ b
+
+    args = [
+        rand(2, 4, 9, 40, dtype=dtype, low=-1, high=1),
+        rand(2, 4, 13, 40, dtype=dtype, low=-1, high=1),
+        rand(2, 1, 7, 300, dtype=dtype),
+        rand(3, 300, 37, dtype=dtype),
+    ]
+    check(fn, args, backend, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_products_over_the_packing_budget_read_weights_in_place(dtype, backend, monkeypatch):
+    # EMBER_CPU_PACK_MB=0 leaves the CPU no memory for packed copies of weights (a model near
+    # the machine's memory): every product of several rows reads its weight where it lives,
+    # transposed or not, and computes what the packed program would.
+    monkeypatch.setenv("EMBER_CPU_PACK_MB", "0")
+    layer = torch.nn.Linear(300, 333).to(dtype)
+    w = torch.nn.Parameter(rand(300, 70, dtype=dtype))
+
+    def fn(x):
+        return layer(x), F.gelu(x @ w)
+
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    check(fn, [rand(37, 300, dtype=dtype)], backend, **tol, new_inputs=[rand(5, 300, dtype=dtype)])
+
+
 def test_one_row_linear_sees_in_place_weight_updates(backend):
     # The weight of a one-row product is read where it lives, not from a packed copy.
     opts = host_options(backend)

@@ -4,7 +4,9 @@
 //! rayon pool of that size, `sgemm` on the caller's thread with Ember's spinning helpers.
 //! One-row products also run row-wise (`rowdot`, the weight as a `linear` stores it), as
 //! one-token decode runs them. The weight packed as bf16 and f16 panels (a 16-bit model's
-//! products: the tiles widen each panel row as they load it) is timed beside the f32 one.
+//! products: the tiles widen each panel row as they load it) is timed beside the f32 one,
+//! and the bf16 weight read in place (its panels packed per task, as a product with no
+//! packed copy runs).
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
@@ -62,8 +64,8 @@ fn main() {
         (1, 2048, 8192, "1B decode down"),
         (1, 32000, 2048, "1B decode lm head"),
     ];
-    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | row-wise µs |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | bf16 in place µs | row-wise µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for threads in [1usize, 2] {
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -167,6 +169,19 @@ fn main() {
                 )
             };
             let (bf16_us, f16_us) = (packed_us(&pbh), packed_us(&pfh));
+            // The bf16 weight read in place, its panels packed per task (a weight over the
+            // packing budget, or a product of two activations).
+            let bf16_in_place_us = median_us(|| {
+                let right = Operand::Bf16(Strided {
+                    ptr: bh.as_ptr(),
+                    rs,
+                    cs: 1,
+                });
+                // SAFETY: as above.
+                with_helpers(&helpers, threads, || unsafe {
+                    sgemm::sgemm((m, n, k), Operand::Strided(sa), right, cc, n, threads)
+                })
+            });
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {
@@ -181,7 +196,7 @@ fn main() {
                 "—".to_string()
             };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {rowwise} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {bf16_in_place_us:.1} | {rowwise} |"
             );
         }
     }

@@ -53,13 +53,13 @@ pub enum Mode {
 }
 
 /// Nodes whose kernels parallelize through rayon itself, so they must run inside the pool:
-/// products not on Ember's own f32 GEMM (`kernels::sgemm`). `packed`: the node's operands
-/// packed at compile time (an f16 product of a packed weight runs on `sgemm`).
-fn splits_with_rayon(node: &ember_core::ir::Node, packed: &[Packed]) -> bool {
+/// products not on Ember's own f32 GEMM (`kernels::sgemm`, which also runs bf16 and f16
+/// products, packed or not).
+fn splits_with_rayon(node: &ember_core::ir::Node) -> bool {
     let gemm_crate =
         !sgemm::available() || !matches!(node.ty.dtype, DType::F32 | DType::BF16 | DType::F16);
     match node.op {
-        Op::Dot => gemm_crate || (node.ty.dtype == DType::F16 && packed.is_empty()),
+        Op::Dot => gemm_crate,
         Op::Attention { .. } => gemm_crate || node.ty.dtype == DType::F16,
         // f16 and bf16 convs compute in f32.
         Op::Conv { .. } => gemm_crate,
@@ -120,14 +120,76 @@ fn permuted_weight(
 /// same weights, and each would otherwise pack every `linear` weight again (a copy as large
 /// as the weights, seconds for a billion parameters). An entry holds its source value, so
 /// that address cannot be reused by another value while the entry exists.
+pub struct PackedWeights {
+    packed: Mutex<Packs>,
+    budget: PackBudget,
+}
+
 #[derive(Default)]
-pub struct PackedWeights(Mutex<HashMap<PackKey, (Val, Packed)>>);
+struct Packs {
+    by_source: HashMap<PackKey, (Val, Packed)>,
+    /// Bytes of every pack made.
+    bytes: usize,
+}
 
 /// Address, element size, rows, columns and strides of a packed right operand's source.
 type PackKey = (usize, usize, usize, usize, isize, isize);
 
+/// How much memory packed copies of weights may take. A packed weight speeds up products
+/// of several rows (~20–30 % at 32–64 rows: the tiles read panels made once instead of
+/// packing them per task) for a copy as large as the weight; a model near the size of the
+/// machine's memory cannot afford the copies. Past the budget a product reads its weight
+/// in place (`sgemm` packs the panels each task reaches; the same results, bit for bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackBudget {
+    /// Pack while the machine (or the process's cgroup) keeps this many bytes available
+    /// after the copy.
+    KeepFree(u64),
+    /// Pack at most this many bytes in all.
+    Total(usize),
+}
+
+impl PackBudget {
+    /// `EMBER_CPU_PACK_MB` (MiB of packed copies in all; 0: none) where set, else keep an
+    /// eighth of the memory (at least 1 GiB) free.
+    pub fn from_env() -> PackBudget {
+        let set = std::env::var("EMBER_CPU_PACK_MB").ok();
+        match set.and_then(|v| v.trim().parse::<usize>().ok()) {
+            Some(mib) => PackBudget::Total(mib.saturating_mul(1 << 20)),
+            None => {
+                let total = crate::memory::total_bytes().unwrap_or(0);
+                PackBudget::KeepFree((total / 8).max(1 << 30))
+            }
+        }
+    }
+
+    /// Whether a pack of `bytes` more fits, `packed` bytes being packed already.
+    fn allows(self, packed: usize, bytes: usize) -> bool {
+        match self {
+            PackBudget::Total(cap) => packed.saturating_add(bytes) <= cap,
+            PackBudget::KeepFree(reserve) => crate::memory::available_bytes()
+                .is_none_or(|avail| avail >= reserve.saturating_add(bytes as u64)),
+        }
+    }
+}
+
+impl Default for PackedWeights {
+    fn default() -> Self {
+        PackedWeights::new(PackBudget::from_env())
+    }
+}
+
 impl PackedWeights {
-    fn right(&self, w: &Val) -> crate::error::KResult<Packed> {
+    pub fn new(budget: PackBudget) -> PackedWeights {
+        PackedWeights {
+            packed: Mutex::new(Packs::default()),
+            budget,
+        }
+    }
+
+    /// `w` packed as a right operand (one copy per source, shared), or `None` where the
+    /// copy would exceed the budget: the product reads `w` in place.
+    fn right(&self, w: &Val) -> crate::error::KResult<Option<Packed>> {
         let (shape, strides, size) = (w.shape(), &w.layout.strides, w.dtype.size());
         if shape.len() != 2 {
             return Err(crate::error::CpuError::Internal(format!(
@@ -147,9 +209,15 @@ impl PackedWeights {
             strides[0],
             strides[1],
         );
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, packed)) = map.get(&key) {
-            return Ok(packed.clone());
+        let mut packs = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, packed)) = packs.by_source.get(&key) {
+            return Ok(Some(packed.clone()));
+        }
+        if !self
+            .budget
+            .allows(packs.bytes, sgemm::panels_len(shape[0], shape[1]) * size)
+        {
+            return Ok(None);
         }
         let packed = match w.dtype {
             // A half-precision weight keeps its type in the panels (the tiles widen it as
@@ -164,8 +232,9 @@ impl PackedWeights {
                 )))
             }
         };
-        map.insert(key, (w.clone(), packed.clone()));
-        Ok(packed)
+        packs.bytes += packed.bytes();
+        packs.by_source.insert(key, (w.clone(), packed.clone()));
+        Ok(Some(packed))
     }
 }
 
@@ -186,34 +255,35 @@ fn panels_of<T: Copy>(
 
 /// The weight operands of `node` packed for `sgemm` (see `Program::packed`) when they are
 /// known at compile time and the activations are not: f32 (products and convolutions) or
-/// bf16/f16 (products).
+/// bf16/f16 (products). `None`: a product's weight left unpacked for the packing budget
+/// (`PackBudget`), to be read in place.
 fn pack_weight_operands(
     graph: &Graph,
     node: &ember_core::ir::Node,
     bound: &[Option<Val>],
     packs: &PackedWeights,
-) -> crate::error::KResult<Vec<Packed>> {
+) -> crate::error::KResult<Option<Vec<Packed>>> {
     let half = matches!(node.ty.dtype, DType::BF16 | DType::F16);
     if !(node.ty.dtype == DType::F32 || half && node.op == Op::Dot) || !sgemm::available() {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let (Some(&x), Some(&w)) = (node.inputs.first(), node.inputs.get(1)) else {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     };
     let (None, Some(w)) = (&bound[x], &bound[w]) else {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     };
     if w.dtype != node.ty.dtype {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let (shape, strides) = (w.shape(), &w.layout.strides);
     match &node.op {
         // One-row products of a K-contiguous weight stream it row-wise unpacked
         // (`dot::takes_rowwise`): a packed copy would double its memory and be no faster.
         Op::Dot if shape.len() == 2 && strides[0] == 1 && single_row(&graph.nodes[x]) => {
-            Ok(Vec::new())
+            Ok(Some(Vec::new()))
         }
-        Op::Dot if shape.len() == 2 => Ok(vec![packs.right(w)?]),
+        Op::Dot if shape.len() == 2 => Ok(packs.right(w)?.map(|p| vec![p])),
         Op::Conv {
             stride,
             padding,
@@ -229,7 +299,7 @@ fn pack_weight_operands(
                 || o % n_groups != 0
                 || !crate::kernels::conv::uses_gemm(&v.shape, n_groups)
             {
-                return Ok(Vec::new());
+                return Ok(Some(Vec::new()));
             }
             let og = o / n_groups;
             // Static shapes pick the kernel now, and with it the weight's layout.
@@ -248,37 +318,39 @@ fn pack_weight_operands(
                 }
                 _ => false,
             };
-            Ok((0..n_groups)
-                .map(|g| {
-                    let ptr = v.ptr.wrapping_add(g * og * per_out);
-                    // SAFETY: group g's og rows of per_out elements lie inside the contiguous
-                    // weight, alive here (as a right operand: its transpose).
-                    unsafe {
-                        match right {
-                            true => Packed::b(
-                                per_out,
-                                og,
-                                sgemm::Strided {
-                                    ptr,
-                                    rs: 1,
-                                    cs: per_out as isize,
-                                },
-                            ),
-                            false => Packed::a(
-                                og,
-                                per_out,
-                                sgemm::Strided {
-                                    ptr,
-                                    rs: per_out as isize,
-                                    cs: 1,
-                                },
-                            ),
+            Ok(Some(
+                (0..n_groups)
+                    .map(|g| {
+                        let ptr = v.ptr.wrapping_add(g * og * per_out);
+                        // SAFETY: group g's og rows of per_out elements lie inside the contiguous
+                        // weight, alive here (as a right operand: its transpose).
+                        unsafe {
+                            match right {
+                                true => Packed::b(
+                                    per_out,
+                                    og,
+                                    sgemm::Strided {
+                                        ptr,
+                                        rs: 1,
+                                        cs: per_out as isize,
+                                    },
+                                ),
+                                false => Packed::a(
+                                    og,
+                                    per_out,
+                                    sgemm::Strided {
+                                        ptr,
+                                        rs: per_out as isize,
+                                        cs: 1,
+                                    },
+                                ),
+                            }
                         }
-                    }
-                })
-                .collect())
+                    })
+                    .collect(),
+            ))
         }
-        _ => Ok(Vec::new()),
+        _ => Ok(Some(Vec::new())),
     }
 }
 
@@ -320,18 +392,31 @@ fn static_shape(shape: &[ember_core::dim::Dim]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// What the compile prepared for each node's weight operand.
+struct Prepared<'a> {
+    packed: &'a [Vec<Packed>],
+    /// Products whose weight was left unpacked for the packing budget.
+    over_budget: &'a [bool],
+    packed_integer: &'a [Option<PreparedRight>],
+}
+
 /// A permuted weight (`permuted_weight`) that some node reads other than as a packed
 /// product's prepared right operand is copied contiguous, once, here: GEMM on a contiguous
 /// right-hand side is markedly faster for the skinny shapes of inference (measured 1.4–1.9×
 /// for M ≤ 64). One only packed and row-wise products (one-row products among them) read
 /// stays a view: the program holds no third copy of a `linear` weight, and compiling makes
-/// none (the packing reads the weight in place).
+/// none (the packing reads the weight in place). So does one read by products over the
+/// packing budget: the copy is what the budget forbade.
 fn copy_weights_read_unpacked(
     graph: &Graph,
-    packed: &[Vec<Packed>],
-    packed_integer: &[Option<PreparedRight>],
+    prepared: &Prepared,
     bound: &mut [Option<Val>],
 ) -> crate::error::KResult<()> {
+    let Prepared {
+        packed,
+        over_budget,
+        packed_integer,
+    } = prepared;
     for (id, node) in graph.nodes.iter().enumerate() {
         let is_permute = match &node.op {
             Op::Permute { .. } => true,
@@ -350,7 +435,9 @@ fn copy_weights_read_unpacked(
                 !user.inputs.contains(&id)
                     || (user.op == Op::Dot
                         && right_only
-                        && (packed[u].len() == 1 || single_row(&graph.nodes[user.inputs[0]])))
+                        && (packed[u].len() == 1
+                            || over_budget[u]
+                            || single_row(&graph.nodes[user.inputs[0]])))
                     || (is_rowwise(&user.op) && right_only)
                     || (user.op == Op::IntegerDot && right_only && packed_integer[u].is_some())
             });
@@ -456,9 +543,11 @@ impl Program {
                 return Err(Error::Compile(format!("output %{o} does not exist")));
             }
         }
-        // Products of one weight share its packed copy (see `Packed`).
-        let mut packed_by_weight: HashMap<usize, Vec<Packed>> = HashMap::new();
+        // Products of one weight share its packed copy (see `Packed`), or all read it in
+        // place (`None`: over the packing budget).
+        let mut packed_by_weight: HashMap<usize, Option<Vec<Packed>>> = HashMap::new();
         let mut packed = Vec::with_capacity(graph.nodes.len());
+        let mut over_budget = Vec::with_capacity(graph.nodes.len());
         for node in &graph.nodes {
             let shared = matches!(node.op, Op::Dot)
                 .then(|| node.inputs.get(1))
@@ -468,10 +557,11 @@ impl Program {
                 None => pack_weight_operands(&graph, node, &bound, packs)
                     .map_err(|e| Error::Compile(e.to_string()))?,
             };
-            if let (Some(&w), false) = (shared, packs.is_empty()) {
+            if let (Some(&w), false) = (shared, packs.as_ref().is_some_and(Vec::is_empty)) {
                 packed_by_weight.insert(w, packs.clone());
             }
-            packed.push(packs);
+            over_budget.push(packs.is_none());
+            packed.push(packs.unwrap_or_default());
         }
         let packed_integer = graph
             .nodes
@@ -479,7 +569,12 @@ impl Program {
             .map(|node| pack_integer_operand(&graph, node, &bound))
             .collect::<crate::error::KResult<Vec<_>>>()
             .map_err(|e| Error::Compile(e.to_string()))?;
-        copy_weights_read_unpacked(&graph, &packed, &packed_integer, &mut bound)
+        let prepared = Prepared {
+            packed: &packed,
+            over_budget: &over_budget,
+            packed_integer: &packed_integer,
+        };
+        copy_weights_read_unpacked(&graph, &prepared, &mut bound)
             .map_err(|e| Error::Compile(e.to_string()))?;
         let fusion = Fusion::plan(&graph, fuse);
         let reads: Vec<Vec<usize>> = (0..graph.nodes.len())
@@ -519,12 +614,7 @@ impl Program {
                 slices[id] = (resolved.dim(start)?, resolved.dim(end)?);
             }
         }
-        let pool = self
-            .graph
-            .nodes
-            .iter()
-            .zip(&self.packed)
-            .any(|(node, packed)| splits_with_rayon(node, packed));
+        let pool = self.graph.nodes.iter().any(splits_with_rayon);
         let work = || -> usize {
             self.graph
                 .nodes
@@ -676,6 +766,50 @@ mod tests {
         }
     }
 
+    /// Past the packing budget a product reads its weight in place: no packed copy, no
+    /// contiguous copy of the transposed view either, and the outputs of the packed
+    /// program, bit for bit (f32, bf16 and f16; 1 and 2 threads).
+    #[test]
+    fn a_weight_over_the_packing_budget_is_read_in_place() {
+        use half::{bf16, f16};
+        if !sgemm::available() {
+            return;
+        }
+        fn check<T: Copy + Default + PartialEq + std::fmt::Debug>(
+            dtype: DType,
+            from_f32: fn(f32) -> T,
+        ) {
+            let (rows, k, n) = (9, 300, 40);
+            let value = |i: usize| ((i * 7) % 13) as f32 * 0.125 - 0.75;
+            let w: Vec<T> = (0..n * k).map(|i| from_f32(value(i))).collect();
+            // SAFETY: plain values viewed as their bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(w.as_ptr() as *const u8, std::mem::size_of_val(&w[..]))
+            };
+            let (g, weights, wt, y) = linear_of_type(dtype, rows, k, n, bytes.to_vec());
+            let none = PackedWeights::new(PackBudget::Total(0));
+            let prog = Program::new(&g, &weights, true, &none).unwrap();
+            assert!(prog.packed[y].is_empty(), "{dtype}: not packed");
+            let view = prog.bound[wt].as_ref().expect("the permute stays bound");
+            assert_eq!(view.layout.strides, vec![1, k as isize], "{dtype}: a view");
+            let xs: Vec<T> = (0..rows * k).map(|i| from_f32(value(i + 5))).collect();
+            for threads in [1, 2] {
+                let run = |budget: PackBudget| {
+                    let backend = crate::CpuBackend::new(threads).with_pack_budget(budget);
+                    run_linear_on(&backend, &g, &weights, dtype, &xs, (rows, k, n))
+                };
+                let (in_place, packed) = (
+                    run(PackBudget::Total(0)),
+                    run(PackBudget::Total(usize::MAX)),
+                );
+                assert_eq!(in_place, packed, "{dtype}, {threads} threads");
+            }
+        }
+        check::<f32>(DType::F32, |v| v);
+        check::<bf16>(DType::BF16, bf16::from_f32);
+        check::<f16>(DType::F16, f16::from_f32);
+    }
+
     /// `x @ wᵀ` (a `linear`): the weight is packed once, from the weight itself, and no
     /// transposed copy is made (the permute stays a view of the weight).
     #[test]
@@ -705,11 +839,24 @@ mod tests {
         xs: &[T],
         (rows, k, n): (usize, usize, usize),
     ) -> Vec<T> {
+        let backend = crate::CpuBackend::new(threads);
+        run_linear_on(&backend, g, weights, dtype, xs, (rows, k, n))
+    }
+
+    /// `run_linear` on `backend`.
+    fn run_linear_on<T: Copy + Default>(
+        backend: &crate::CpuBackend,
+        g: &Graph,
+        weights: &Weights,
+        dtype: DType,
+        xs: &[T],
+        (rows, k, n): (usize, usize, usize),
+    ) -> Vec<T> {
         use ember_core::backend::Backend;
         use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
         assert_eq!(xs.len(), rows * k);
         let mut got = vec![T::default(); rows * n];
-        let exe = crate::CpuBackend::new(threads).compile(g, weights).unwrap();
+        let exe = backend.compile(g, weights).unwrap();
         let input = TensorView {
             ptr: xs.as_ptr() as *const u8,
             dtype,

@@ -11,6 +11,7 @@ mod fold;
 mod fuse;
 mod grouped_attention;
 mod kernels;
+mod memory;
 mod par;
 pub mod profile;
 mod scratch;
@@ -36,6 +37,7 @@ pub mod internals {
 }
 
 use arena::Arena;
+pub use compile::PackBudget;
 use compile::Program;
 
 /// The CPU backend. `num_threads` sizes its thread pool (0: one per core).
@@ -70,6 +72,13 @@ impl CpuBackend {
             helpers: par::Helpers::for_threads(num_threads),
             packs: compile::PackedWeights::default(),
         }
+    }
+
+    /// Sets how much memory packed copies of weights may take (default:
+    /// `PackBudget::from_env`).
+    pub fn with_pack_budget(mut self, budget: PackBudget) -> CpuBackend {
+        self.packs = compile::PackedWeights::new(budget);
+        self
     }
 
     /// Turns fusion of elementwise chains and GEMM epilogues on or off.

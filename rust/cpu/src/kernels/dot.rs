@@ -1,13 +1,16 @@
-//! Batched matrix products. f32/f64/f16 go to the `gemm` crate, which reads operands through
-//! any row/column strides (transposed or broadcast operands need no copy); bf16 is widened to
-//! f32; integers and bool use plain loops (integers wrap).
+//! Batched matrix products. f32, bf16 and f16 run on Ember's own GEMM (`sgemm`) where the
+//! CPU has AVX2/FMA — a 16-bit right operand read in its own type, the left one widened, the
+//! sums rounded once — and one-row products on the row-wise kernel; f64 (and f16 on other
+//! CPUs) go to the `gemm` crate, which reads operands through any row/column strides
+//! (transposed or broadcast operands need no copy); integers and bool use plain loops
+//! (integers wrap).
 
 use ember_core::dtype::DType;
 use half::{bf16, f16};
 
 use super::elementwise::cast;
 use super::rowdot::{bf16_pairs_available, rows_dot, rows_dot_bf16, RowWeight};
-use super::sgemm::{self, Operand, Packed, Strided};
+use super::sgemm::{self, Operand, Packed, PanelElem, Strided};
 use crate::arena::Dest;
 use crate::buffer::{Val, View};
 use crate::elem::{Elem, IntElem, B8};
@@ -408,6 +411,8 @@ pub fn dot(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
         _ if takes_rowwise(a, b) => dot_rowwise(a, b, threads),
         DType::F32 => dot_gemm::<f32>(a, b, threads),
         DType::F64 => dot_gemm::<f64>(a, b, threads),
+        DType::F16 if sgemm::available() => dot_half::<f16>(a, b, threads),
+        DType::BF16 if sgemm::available() => dot_half::<bf16>(a, b, threads),
         DType::F16 => dot_gemm::<f16>(a, b, threads),
         DType::BF16 => {
             let out = dot_gemm::<f32>(&cast(a, DType::F32)?, &cast(b, DType::F32)?, threads)?;
@@ -427,6 +432,63 @@ fn dot_gemm<T: GemmElem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
     let mut shape = batch;
     shape.extend([m, n]);
     Val::build::<T>(a.dtype, &shape, |out| gemm_batched::<T>(a, b, out, threads))
+}
+
+/// `a · b` of bf16 or f16 operands (`sgemm::available()`): `half_gemm_batched`.
+fn dot_half<T: PanelElem + Elem>(a: &Val, b: &Val, threads: usize) -> KResult<Val> {
+    let (mut shape, m, _, n) = dims(a, b)?;
+    shape.extend([m, n]);
+    Val::build::<T>(a.dtype, &shape, |out| {
+        half_gemm_batched::<T>(a, b, out, threads)
+    })
+}
+
+/// The batched product of bf16 or f16 operands into `out` (contiguous `[B.., M, N]`):
+/// `a` widened once, `b` read in place by `sgemm` (each task packs the panels it reaches
+/// in b's type and the tiles widen them), each output rounded once. The arithmetic of
+/// the f32 product of the widened operands, without an f32 copy of `b` per call (a weight
+/// not packed at compile time, or the keys and values of attention).
+fn half_gemm_batched<T: PanelElem>(a: &Val, b: &Val, out: &mut [T], threads: usize) -> KResult<()> {
+    let (batch, m, k, n) = dims(a, b)?;
+    if m * n == 0 {
+        return Ok(());
+    }
+    let r = batch.len();
+    let wide = cast(a, DType::F32)?;
+    let (va, vb) = (wide.view::<f32>()?, b.view::<T>()?);
+    let offs = batch_offsets(&batch, [&va.strides, &vb.strides]);
+    let mut sums = vec![0.0f32; out.len()];
+    let one = |o: &mut [f32], &[oa, ob]: &[isize; 2], t: usize| {
+        let (ma, mb) = (Mat::of(&va, oa, r), Mat::of(&vb, ob, r));
+        let right = T::in_place(Strided {
+            ptr: mb.ptr,
+            rs: mb.rs,
+            cs: mb.cs,
+        });
+        // SAFETY: the matrices are batch slices of the checked views va and vb; `o` holds
+        // m×n outputs; the caller checked `sgemm::available()`.
+        unsafe {
+            sgemm::sgemm(
+                (m, n, k),
+                Operand::Strided(ma.into()),
+                right,
+                o.as_mut_ptr(),
+                n,
+                t,
+            )
+        }
+    };
+    if offs.len() > 1 && m * n * k < GEMM_PAR_MIN * 4 {
+        par::for_chunks_mut(&mut sums, m * n, |start, o| {
+            one(o, &offs[start / (m * n)], 1)
+        });
+    } else {
+        for (o, off) in sums.chunks_mut(m * n).zip(&offs) {
+            one(o, off, threads);
+        }
+    }
+    T::from_f32_slice(&sums, out);
+    Ok(())
 }
 
 /// `a · b` written into `dest` (contiguous, of the product's shape) for the dtypes gemm
@@ -456,6 +518,7 @@ pub fn dot_into(a: &Val, b: &Val, dest: &mut Dest, threads: usize) -> KResult<()
         }
         DType::F32 => gemm_batched::<f32>(a, b, dest.slice()?, threads),
         DType::F64 => gemm_batched::<f64>(a, b, dest.slice()?, threads),
+        DType::F16 if sgemm::available() => half_gemm_batched::<f16>(a, b, dest.slice()?, threads),
         DType::F16 => gemm_batched::<f16>(a, b, dest.slice()?, threads),
         d => Err(CpuError::Internal(format!("dot into a buffer of {d}"))),
     }

@@ -15,8 +15,9 @@
 //! 16-lane accumulators), the same FMAs in the same order — about twice the arithmetic per
 //! cycle, as ONNX Runtime's MLAS gets there (`EMBER_CPU_AVX512=0` keeps the AVX2 tile).
 //!
-//! A bf16 or f16 weight is packed in its own type (`Packed::b_half`) and the tiles widen
-//! each panel row as they load it (exact), so a 16-bit model's products run this same f32
+//! A bf16 or f16 weight is packed in its own type (`Packed::b_half`; or per task, read in
+//! place: `Operand::Bf16`/`F16`) and the tiles widen each panel row as they load it (exact),
+//! so a 16-bit model's products run this same f32
 //! arithmetic while its packed weights take the weights' bytes, not twice them. The
 //! conversion costs the compute-bound tiles ~10–20 % (it shares the FMA ports); products of
 //! a few rows, bound by reading the weight, run faster for the halved bytes. `vdpbf16ps`
@@ -142,21 +143,32 @@ impl PanelData {
     }
 }
 
-/// The element types a right operand's panels may hold (`Packed::b_half`).
+/// The element types a right operand's panels may hold (`Packed::b_half`, `Operand::Bf16`
+/// and `Operand::F16`).
 pub trait PanelElem: RowWeight + Default {
     #[doc(hidden)]
     fn wrap(data: Vec<Self>) -> PanelData;
+    /// `src` as a right operand read in place.
+    fn in_place(src: Strided<Self>) -> Operand<'static>;
 }
 
 impl PanelElem for bf16 {
     fn wrap(data: Vec<bf16>) -> PanelData {
         PanelData::Bf16(data)
     }
+
+    fn in_place(src: Strided<bf16>) -> Operand<'static> {
+        Operand::Bf16(src)
+    }
 }
 
 impl PanelElem for f16 {
     fn wrap(data: Vec<f16>) -> PanelData {
         PanelData::F16(data)
+    }
+
+    fn in_place(src: Strided<f16>) -> Operand<'static> {
+        Operand::F16(src)
     }
 }
 
@@ -245,6 +257,11 @@ impl Packed {
 #[derive(Clone, Copy)]
 pub enum Operand<'a> {
     Strided(Strided),
+    /// A bf16 or f16 right operand read in place: each task packs the panels it reaches in
+    /// their own type, as `Packed::b_half` would, and the tiles widen them (a 16-bit
+    /// product of activations, or a weight not packed at compile time, needs no f32 copy).
+    Bf16(Strided<bf16>),
+    F16(Strided<f16>),
     Packed(&'a Packed),
     /// A right operand a kernel wrote straight into panel layout (`panels_len`,
     /// `write_panel_row`): im2col, which would otherwise write a column matrix only for
@@ -453,14 +470,18 @@ pub unsafe fn sgemm(
     let b = match b {
         Operand::Packed(p) => Panels::Packed(p.data.slice()),
         Operand::PanelsB(p) => Panels::Packed(PanelSlice::new(ElemKind::F32, p)),
-        Operand::Strided(s) => Panels::Strided(s),
+        Operand::Strided(s) => Panels::Strided(AnyStrided::of(ElemKind::F32, s)),
+        Operand::Bf16(s) => Panels::Strided(AnyStrided::of(ElemKind::Bf16, s)),
+        Operand::F16(s) => Panels::Strided(AnyStrided::of(ElemKind::F16, s)),
     };
     match a {
         // SAFETY: the packed operands have the shapes of the contract; c by the contract.
         Operand::Packed(pa) => unsafe {
             multiply((m, n, k), Left::Packed(pa.data.f32()), b, c, ldc, threads)
         },
-        Operand::PanelsB(_) => panic!("a panel-layout operand is a right operand"),
+        Operand::PanelsB(_) | Operand::Bf16(_) | Operand::F16(_) => {
+            panic!("panel-layout and 16-bit operands are right operands")
+        }
         // Rows with unit stride: the tiles broadcast straight from them, as MLAS does;
         // packing them cost a serial pass that the other threads waited on.
         // SAFETY: sa addresses m×k elements; c by the contract.
@@ -496,7 +517,57 @@ pub unsafe fn sgemm(
 #[derive(Clone, Copy)]
 enum Panels<'a> {
     Packed(PanelSlice<'a>),
-    Strided(Strided),
+    Strided(AnyStrided),
+}
+
+/// A strided matrix of any `ElemKind` (strides in elements).
+#[derive(Clone, Copy)]
+struct AnyStrided {
+    kind: ElemKind,
+    ptr: *const u8,
+    rs: isize,
+    cs: isize,
+}
+
+// SAFETY: as `Strided`: read only, kept alive and unwritten by `sgemm`'s contract.
+unsafe impl Send for AnyStrided {}
+unsafe impl Sync for AnyStrided {}
+
+impl AnyStrided {
+    fn of<T>(kind: ElemKind, s: Strided<T>) -> Self {
+        debug_assert_eq!(std::mem::size_of::<T>(), kind.size());
+        AnyStrided {
+            kind,
+            ptr: s.ptr.cast(),
+            rs: s.rs,
+            cs: s.cs,
+        }
+    }
+
+    /// The matrix as `T`s (`T` of its kind's size).
+    fn typed<T>(&self) -> Strided<T> {
+        Strided {
+            ptr: self.ptr.cast(),
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+
+    /// Packs rows `kb..kb + kc` of the panel of columns `c0..` (`n` in all) into `dst`
+    /// (room for kc·NR values of its kind), in its own type.
+    ///
+    /// # Safety
+    /// As `pack_b_panel`.
+    unsafe fn pack_panel(&self, dst: *mut u8, kb: usize, kc: usize, c0: usize, n: usize) {
+        // SAFETY: by the contract.
+        unsafe {
+            match self.kind {
+                ElemKind::F32 => pack_b_panel(dst.cast::<f32>(), self.typed(), kb, kc, c0, n),
+                ElemKind::Bf16 => pack_b_panel(dst.cast::<bf16>(), self.typed(), kb, kc, c0, n),
+                ElemKind::F16 => pack_b_panel(dst.cast::<f16>(), self.typed(), kb, kc, c0, n),
+            }
+        }
+    }
 }
 
 /// The element type of a right operand's panels.
@@ -563,13 +634,6 @@ impl PanelPtr {
         kind: ElemKind::F32,
         ptr: std::ptr::null(),
     };
-
-    fn f32(ptr: *const f32) -> Self {
-        PanelPtr {
-            kind: ElemKind::F32,
-            ptr: ptr.cast(),
-        }
-    }
 }
 
 /// The left operand: panels packed already, or rows read in place (unit column stride,
@@ -676,11 +740,14 @@ unsafe fn multiply(
                         Panels::Packed(pb) => pb.at((q + h) * NR * k + kb * NR),
                         Panels::Strided(s) => {
                             // SAFETY: s addresses k×n elements; the buffer holds two panels
-                            // of KC·NR floats.
+                            // of KC·NR floats (room for as many 16-bit values).
                             unsafe {
                                 let dst = panels.as_mut_ptr().cast::<f32>().add(h * KC * NR);
-                                pack_b_panel(dst, s, kb, kc, (q + h) * NR, n);
-                                PanelPtr::f32(dst)
+                                s.pack_panel(dst.cast(), kb, kc, (q + h) * NR, n);
+                                PanelPtr {
+                                    kind: s.kind,
+                                    ptr: dst.cast(),
+                                }
                             }
                         }
                     };
@@ -1135,7 +1202,7 @@ mod tests {
     /// 16-bit panels hold the weight as it is and widen it in the tiles: every output is
     /// the f32 product of the widened weight, bit for bit, in every tile shape (narrow and
     /// AVX-512, one to six rows, partial panels), from row-major and transposed sources,
-    /// and half the bytes of f32 panels.
+    /// packed at once (half the bytes of f32 panels) or per task from the weight in place.
     #[test]
     fn half_panels_give_the_f32_panels_product_bit_for_bit() {
         if !available() {
@@ -1195,19 +1262,40 @@ mod tests {
                     )
                 };
                 assert_eq!(2 * rows.bytes(), f32_panels.bytes());
+                // Read in place, each task packing the panels it reaches.
+                let in_place = |ptr: *const T, rs: usize, cs: usize| {
+                    T::in_place(Strided {
+                        ptr,
+                        rs: rs as isize,
+                        cs: cs as isize,
+                    })
+                };
                 for threads in [1, 2] {
-                    let run = |pb: &Packed| {
+                    let run = |ob: Operand| {
                         let mut c = vec![f32::NAN; m * n];
                         par::with_helpers(&helpers, threads, || {
-                            let (oa, ob) = (Operand::Strided(sa), Operand::Packed(pb));
-                            // SAFETY: c has m rows of n.
-                            unsafe { sgemm((m, n, k), oa, ob, c.as_mut_ptr(), n, threads) }
+                            // SAFETY: c has m rows of n; the operands address m×k and k×n.
+                            unsafe {
+                                sgemm(
+                                    (m, n, k),
+                                    Operand::Strided(sa),
+                                    ob,
+                                    c.as_mut_ptr(),
+                                    n,
+                                    threads,
+                                )
+                            }
                         });
                         c
                     };
-                    let want = run(&f32_panels);
-                    for (form, pb) in [("row-major", &rows), ("transposed", &columns)] {
-                        let got = run(pb);
+                    let want = run(Operand::Packed(&f32_panels));
+                    for (form, ob) in [
+                        ("row-major", Operand::Packed(&rows)),
+                        ("transposed", Operand::Packed(&columns)),
+                        ("row-major in place", in_place(b.as_ptr(), n, 1)),
+                        ("transposed in place", in_place(bt.as_ptr(), 1, k)),
+                    ] {
+                        let got = run(ob);
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert!(
                                 g.to_bits() == w.to_bits(),
