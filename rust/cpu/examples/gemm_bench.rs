@@ -6,7 +6,7 @@
 //! one-token decode runs them. The weight packed as bf16 and f16 panels (a 16-bit model's
 //! products: the tiles widen each panel row as they load it) is timed beside the f32 one,
 //! and the bf16 weight read in place (its panels packed per task, as a product with no
-//! packed copy runs).
+//! packed copy runs), and the bf16 product on AMX tiles where the CPU has them.
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
+use ember_cpu::internals::amx_bf16;
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
 use ember_cpu::internals::{gemm_into, rows_dot_parallel, with_helpers, Helpers, Mat};
 
@@ -64,8 +65,8 @@ fn main() {
         (1, 2048, 8192, "1B decode down"),
         (1, 32000, 2048, "1B decode lm head"),
     ];
-    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | bf16 in place µs | row-wise µs |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | bf16 in place µs | bf16 AMX µs | row-wise µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for threads in [1usize, 2] {
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -182,6 +183,32 @@ fn main() {
                     sgemm::sgemm((m, n, k), Operand::Strided(sa), right, cc, n, threads)
                 })
             });
+            // The bf16 product on AMX tiles (activations bf16 too), where the CPU has them.
+            let amx_us = if amx_bf16::available() {
+                let ah: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
+                // SAFETY: bh holds k×n elements.
+                let tiles = unsafe {
+                    amx_bf16::pack(
+                        k,
+                        n,
+                        Strided {
+                            ptr: bh.as_ptr(),
+                            rs,
+                            cs: 1,
+                        },
+                    )
+                };
+                let mut out = vec![bf16::ZERO; m * n];
+                let us = median_us(|| {
+                    // SAFETY: ah, tiles and out hold m×k, the packed k×n and m×n elements.
+                    with_helpers(&helpers, threads, || unsafe {
+                        amx_bf16::product((m, n, k), ah.as_ptr(), k, &tiles, out.as_mut_ptr())
+                    })
+                });
+                format!("{us:.1}")
+            } else {
+                "—".to_string()
+            };
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {
@@ -196,7 +223,7 @@ fn main() {
                 "—".to_string()
             };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {bf16_in_place_us:.1} | {rowwise} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {bf16_in_place_us:.1} | {amx_us} | {rowwise} |"
             );
         }
     }

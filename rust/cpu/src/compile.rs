@@ -213,13 +213,20 @@ impl PackedWeights {
         if let Some((_, packed)) = packs.by_source.get(&key) {
             return Ok(Some(packed.clone()));
         }
-        if !self
-            .budget
-            .allows(packs.bytes, sgemm::panels_len(shape[0], shape[1]) * size)
-        {
+        let amx = w.dtype == DType::BF16 && amx_bf16_available();
+        let len = match amx {
+            #[cfg(target_arch = "x86_64")]
+            true => crate::kernels::amx_bf16::packed_len(shape[0], shape[1]),
+            _ => sgemm::panels_len(shape[0], shape[1]),
+        };
+        if !self.budget.allows(packs.bytes, len * size) {
             return Ok(None);
         }
         let packed = match w.dtype {
+            // bf16 products run on AMX tiles where the CPU has them, the weight in their
+            // layout (k in pairs).
+            #[cfg(target_arch = "x86_64")]
+            DType::BF16 if amx => panels_of::<bf16>(w, Packed::amx_bf16)?,
             // A half-precision weight keeps its type in the panels (the tiles widen it as
             // they load it): its products run the f32 GEMM's arithmetic on the same values
             // while holding as many bytes as the weight, not the twice an f32 copy took.
@@ -235,6 +242,18 @@ impl PackedWeights {
         packs.bytes += packed.bytes();
         packs.by_source.insert(key, (w.clone(), packed.clone()));
         Ok(Some(packed))
+    }
+}
+
+/// Whether bf16 products run on AMX tiles (`kernels::amx_bf16`).
+fn amx_bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::kernels::amx_bf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -758,17 +777,29 @@ mod tests {
                 1,
                 "{dtype}: the weight operand is packed"
             );
+            let packed = &prog.packed[y][0];
+            // AMX tiles (bf16 where the CPU has them) pad k to whole steps of 32.
+            let (steps, amx) = match packed.amx_tiles() {
+                Some(_) => (k.next_multiple_of(32), "AMX tiles"),
+                None => (k, "16-bit panels"),
+            };
             assert_eq!(
-                prog.packed[y][0].bytes(),
-                k * n.next_multiple_of(sgemm::NR) * 2,
-                "{dtype}: 16-bit panels"
+                packed.bytes(),
+                steps * n.next_multiple_of(sgemm::NR) * 2,
+                "{dtype}: {amx}"
+            );
+            assert_eq!(
+                packed.amx_tiles().is_some(),
+                dtype == DType::BF16 && amx_bf16_available(),
+                "{dtype}: AMX tiles for bf16 only, where the CPU has them"
             );
         }
     }
 
     /// Past the packing budget a product reads its weight in place: no packed copy, no
     /// contiguous copy of the transposed view either, and the outputs of the packed
-    /// program, bit for bit (f32, bf16 and f16; 1 and 2 threads).
+    /// program, bit for bit (f32, bf16 and f16; 1 and 2 threads). The values' sums are
+    /// exact in f32 in any order, so AMX's order (bf16 where the CPU has it) agrees too.
     #[test]
     fn a_weight_over_the_packing_budget_is_read_in_place() {
         use half::{bf16, f16};

@@ -31,6 +31,8 @@ pub use error::CpuError;
 /// Kernels and the thread helper, for `examples/` benchmarks that time them without a graph.
 #[doc(hidden)]
 pub mod internals {
+    #[cfg(target_arch = "x86_64")]
+    pub use crate::kernels::amx_bf16;
     pub use crate::kernels::dot::{gemm_into, rows_dot_parallel, Mat};
     pub use crate::kernels::sgemm;
     pub use crate::par::{with_helpers, Helpers};

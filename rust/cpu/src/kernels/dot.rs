@@ -541,6 +541,10 @@ pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> 
 /// product, each output rounded once — the arithmetic of `dot` on half types, without
 /// converting the whole weight every call or holding an f32 copy of it.
 pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(tiles) = b.amx_tiles() {
+        return amx_product(a, b, tiles);
+    }
     let shape = [a.shape().first().copied().unwrap_or(0), b.cols];
     match a.dtype {
         DType::BF16 => Val::build::<bf16>(a.dtype, &shape, |out| {
@@ -553,6 +557,35 @@ pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
             "a half-precision packed product of {d}"
         ))),
     }
+}
+
+/// `a · b` for a 2-D bf16 `a` and a weight packed as AMX tiles (`amx_bf16`): rows of `a`
+/// read in place (copied where its columns are not contiguous).
+#[cfg(target_arch = "x86_64")]
+fn amx_product(a: &Val, b: &Packed, tiles: &[bf16]) -> KResult<Val> {
+    use super::amx_bf16;
+    let sa = a.shape();
+    if a.dtype != DType::BF16 || sa.len() != 2 || sa[1] != b.rows {
+        return Err(CpuError::Shape(format!(
+            "dot of {}{sa:?} and AMX tiles of [{}, {}]",
+            a.dtype, b.rows, b.cols
+        )));
+    }
+    let (m, k, n) = (sa[0], sa[1], b.cols);
+    let strides = &a.layout.strides;
+    let a = match (strides[1] == 1 || k <= 1) && strides[0] >= 0 {
+        true => a.clone(),
+        false => a.contiguous()?,
+    };
+    let va = a.view::<bf16>()?;
+    let lda = va.strides[0] as usize;
+    Val::build::<bf16>(DType::BF16, &[m, n], |out| {
+        // SAFETY: `amx_tiles` exist only where `amx_bf16::available()`; va addresses m rows
+        // of k elements `lda` apart with unit column stride (checked above); the tiles were
+        // packed from a k×n weight (the `Packed`'s shape); out holds m×n.
+        unsafe { amx_bf16::product((m, n, k), va.ptr, lda, tiles, out.as_mut_ptr()) };
+        Ok(())
+    })
 }
 
 fn half_packed_product<T: RowWeight>(

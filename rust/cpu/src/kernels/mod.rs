@@ -1,5 +1,7 @@
 //! The kernels, by op family, and the row helpers several of them share.
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx_bf16;
 pub mod attention;
 pub mod block_quant_dot;
 pub mod chain;

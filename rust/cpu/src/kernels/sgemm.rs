@@ -23,7 +23,9 @@
 //! a few rows, bound by reading the weight, run faster for the halved bytes. `vdpbf16ps`
 //! tiles over bf16 pair panels (bf16 activations read in place) were measured too: on our
 //! AVX512-BF16 Xeon VMs they ran ~1.45× slower than these on every multi-row shape of
-//! `gemm_bench` (RESULTS, stop 49), so none is kept.
+//! `gemm_bench` (RESULTS, stop 49), so none is kept. Where the CPU has AMX, bf16 weights
+//! are packed as AMX tiles instead (`Packed::amx_bf16`) and their products run in
+//! `amx_bf16`, 3–5× faster than these tiles.
 //!
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
 //! packs at most its activations (none when their rows are contiguous): for the skinny
@@ -124,6 +126,9 @@ pub enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
     F16(Vec<f16>),
+    /// A bf16 right operand in AMX tile layout (`amx_bf16::pack`), for `amx_bf16::product`
+    /// (not this module's panels).
+    AmxBf16(Vec<bf16>),
 }
 
 impl PanelData {
@@ -132,6 +137,7 @@ impl PanelData {
             PanelData::F32(v) => PanelSlice::new(ElemKind::F32, v),
             PanelData::Bf16(v) => PanelSlice::new(ElemKind::Bf16, v),
             PanelData::F16(v) => PanelSlice::new(ElemKind::F16, v),
+            PanelData::AmxBf16(_) => panic!("AMX tiles are operands of `amx_bf16` only"),
         }
     }
 
@@ -222,6 +228,31 @@ impl Packed {
         }
     }
 
+    /// `src` (`rows`×`cols` of bf16) packed as the right operand of `amx_bf16::product`.
+    ///
+    /// # Safety
+    /// `src` must address `rows`×`cols` readable elements.
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn amx_bf16(rows: usize, cols: usize, src: Strided<bf16>) -> Packed {
+        Packed {
+            rows,
+            cols,
+            left: false,
+            // SAFETY: by the contract.
+            data: std::sync::Arc::new(PanelData::AmxBf16(unsafe {
+                super::amx_bf16::pack(rows, cols, src)
+            })),
+        }
+    }
+
+    /// Its AMX tiles, where it was packed for `amx_bf16`.
+    pub fn amx_tiles(&self) -> Option<&[bf16]> {
+        match &*self.data {
+            PanelData::AmxBf16(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// Whether both hold the same panels (one copy, shared).
     #[cfg(test)]
     pub fn shares_panels_with(&self, other: &Packed) -> bool {
@@ -234,8 +265,13 @@ impl Packed {
 
     /// Bytes its panels take.
     pub fn bytes(&self) -> usize {
-        let panels = self.data.slice();
-        panels.len * panels.kind.size()
+        match self.amx_tiles() {
+            Some(tiles) => std::mem::size_of_val(tiles),
+            None => {
+                let panels = self.data.slice();
+                panels.len * panels.kind.size()
+            }
+        }
     }
 
     /// Panel `q` of an f32 right operand: `rows` steps of `NR` values (columns `q·NR..`,

@@ -46,7 +46,7 @@ fn cpu_has_amx_int8() -> bool {
 /// process; Linux refuses it (and we then run VNNI) where a thread's signal stack is too
 /// small for the larger signal frames.
 #[cfg(target_os = "linux")]
-fn tile_data_granted() -> bool {
+pub(crate) fn tile_data_granted() -> bool {
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
     const XFEATURE_XTILEDATA: libc::c_long = 18;
     // SAFETY: arch_prctl with these arguments only changes this process's FPU permissions.
@@ -60,7 +60,7 @@ fn tile_data_granted() -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn tile_data_granted() -> bool {
+pub(crate) fn tile_data_granted() -> bool {
     false
 }
 
