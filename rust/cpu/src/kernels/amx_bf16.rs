@@ -10,13 +10,14 @@
 //! in another order (pairs of k added first) and with bf16 denormals read as zero: the
 //! result differs from the f32 GEMM's by rounding, as eager's own AMX products do. Rust's
 //! AMX intrinsics are unstable, so the tile instructions are inline assembly; the tile
-//! state is asked of Linux once (`integer_dot::amx::tile_data_granted`).
+//! state is asked of Linux once (`amx_tiles`).
 
 use std::arch::asm;
 use std::sync::OnceLock;
 
 use half::bf16;
 
+use super::amx_tiles::TileConfig;
 use super::sgemm::Strided;
 use crate::elem::halfconv::f32_to_bf16;
 use crate::par;
@@ -40,7 +41,7 @@ pub fn available() -> bool {
         crate::simd::avx512_available()
             && std::env::var("EMBER_CPU_AMX").map_or(true, |v| v.trim() != "0")
             && cpu_has_amx_bf16()
-            && super::integer_dot::amx::tile_data_granted()
+            && super::amx_tiles::tile_data_granted()
     })
 }
 
@@ -102,41 +103,6 @@ pub unsafe fn pack(k: usize, n: usize, src: Strided<bf16>) -> Vec<bf16> {
 struct SendPtr<T>(*mut T);
 // SAFETY: tasks write disjoint parts of the buffer, which outlives the loop.
 unsafe impl<T> Sync for SendPtr<T> {}
-
-/// The `ldtilecfg` operand (palette 1): bytes per row and rows of each tile register.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
-
-impl TileConfig {
-    /// C tiles 0 and 1 (`top` rows) and 2 and 3 (`bottom` rows), A tiles 4 (`top`) and 5
-    /// (`bottom`), B tiles 6 and 7 (16 rows of k pairs); every row 64 bytes. A tile of 0
-    /// rows stays unconfigured (and unused).
-    fn new(top: usize, bottom: usize) -> Self {
-        let mut c = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
-        for (tile, rows) in [(0, top), (1, top), (2, bottom), (3, bottom)]
-            .into_iter()
-            .chain([(4, top), (5, bottom), (6, 16), (7, 16)])
-        {
-            if rows > 0 {
-                c.rows[tile] = rows as u8;
-                c.colsb[tile] = 64;
-            }
-        }
-        c
-    }
-}
 
 /// `out = a · b` for `a` (`m`×`k` bf16, rows `lda` apart, unit column stride) and `b`
 /// packed by `pack` (`k`×`n`), `out` `m`×`n` bf16 (rows `n` apart), each output the f32 sum

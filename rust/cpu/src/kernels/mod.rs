@@ -2,6 +2,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx_bf16;
+#[cfg(target_arch = "x86_64")]
+mod amx_tiles;
 pub mod attention;
 pub mod block_quant_dot;
 pub mod chain;

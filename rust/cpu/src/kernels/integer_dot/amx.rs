@@ -13,6 +13,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
+use super::super::amx_tiles::TileConfig;
 use super::{PackedB, WIDTH};
 use crate::par;
 
@@ -29,7 +30,7 @@ pub fn available() -> bool {
         super::vnni_available()
             && std::env::var("EMBER_CPU_AMX").map_or(true, |v| v.trim() != "0")
             && cpu_has_amx_int8()
-            && tile_data_granted()
+            && super::super::amx_tiles::tile_data_granted()
     })
 }
 
@@ -39,64 +40,6 @@ fn cpu_has_amx_int8() -> bool {
     }
     // Leaf 7: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
     (__cpuid_count(7, 0).edx >> 24) & 3 == 3
-}
-
-/// Asks Linux for the AMX tile state (`ARCH_REQ_XCOMP_PERM`, `XFEATURE_XTILEDATA`): without
-/// it the first tile instruction faults. The permission holds for every thread of the
-/// process; Linux refuses it (and we then run VNNI) where a thread's signal stack is too
-/// small for the larger signal frames.
-#[cfg(target_os = "linux")]
-pub(crate) fn tile_data_granted() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes this process's FPU permissions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn tile_data_granted() -> bool {
-    false
-}
-
-/// The `ldtilecfg` operand (palette 1): bytes per row and rows of each tile register.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
-
-impl TileConfig {
-    /// C tiles 0 and 1 (`top` rows) and 2 and 3 (`bottom` rows), A tiles 4 (`top`) and 5
-    /// (`bottom`), B tiles 6 and 7 (16 quads); every row 64 bytes. A tile of 0 rows stays
-    /// unconfigured (and unused).
-    fn new(top: usize, bottom: usize) -> Self {
-        let mut c = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
-        for (tile, rows) in [(0, top), (1, top), (2, bottom), (3, bottom)]
-            .into_iter()
-            .chain([(4, top), (5, bottom), (6, 16), (7, 16)])
-        {
-            if rows > 0 {
-                c.rows[tile] = rows as u8;
-                c.colsb[tile] = 64;
-            }
-        }
-        c
-    }
 }
 
 /// Whether the AMX kernel takes this product: whole tile steps of k.

@@ -322,7 +322,7 @@ fn generic(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod amx;
+mod amx;
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
