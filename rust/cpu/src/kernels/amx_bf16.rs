@@ -3,8 +3,8 @@
 //! 8 192 multiply-adds an instruction — about eight times what the AVX-512 FMA tiles of
 //! `sgemm` reach per cycle, and what eager PyTorch (oneDNN) runs bf16 products on where the
 //! CPU has AMX. A task holds a 32×32 block of sums in four tile registers (two A tiles of
-//! 16 rows, two B tiles of 16 columns); the activations are read in place, the weight from
-//! its packed tiles (`pack`), each B tile one contiguous KiB.
+//! 16 rows, two B tiles of 16 columns); the activations are copied into tiles once per
+//! call (`pack_a`), the weight packed once (`pack`), each tile one contiguous KiB.
 //!
 //! The products are sums in f32 of exact bf16 products, as `sgemm`'s widened FMAs are, but
 //! in another order (pairs of k added first) and with bf16 denormals read as zero: the
@@ -131,43 +131,82 @@ pub unsafe fn product(
         return;
     }
     let (blocks, pairs) = (m.div_ceil(ROWS), n.div_ceil(2 * COLS));
-    // Tasks of a row block and a run of panel pairs, under one tile configuration
-    // (`ldtilecfg` costs about as much as a few tile products): several per thread, and
-    // runs short enough that their B tiles (1 KiB per panel and step) stay in L2 while the
-    // row blocks take them in turn (tasks go run by run).
     let steps = k.div_ceil(K_STEP);
-    let per_run = pairs
-        .div_ceil((par::threads() * 4).div_ceil(blocks))
-        .clamp(1, (RUN_TILES / steps).max(1));
-    let runs = pairs.div_ceil(per_run);
-    let (a, out) = (SendPtr(a as *mut bf16), SendPtr(out));
-    let (a, out) = (&a, &out);
-    par::for_each(blocks * runs, |t| {
-        let (run, block) = (t / blocks, t % blocks);
-        let row0 = block * ROWS;
-        let first = run * per_run;
-        let task = Task {
-            k,
-            n,
-            rows: (m - row0).min(ROWS),
-            // SAFETY: row0 < m: inside `a` and `out`.
-            a: unsafe { a.0.add(row0 * lda) },
-            lda,
-            b: b.as_ptr(),
-            out: unsafe { out.0.add(row0 * n) },
-        };
-        // SAFETY: by this function's contract; the task's rows and panels lie inside.
-        unsafe { task.run(first * 2..((first + per_run) * 2).min(n.div_ceil(COLS))) };
+    let need = blocks * steps * 2 * TILE;
+    // The packed activations in this thread's scratch (a fresh allocation of this size
+    // would be page-faulted in on every call).
+    crate::scratch::with_scratch(need.div_ceil(4), |words| {
+        // SAFETY: the scratch holds `need` bf16s (4 a word), this call's alone.
+        let tiles = unsafe { std::slice::from_raw_parts_mut(words as *mut bf16, need) };
+        // SAFETY: `a` addresses m rows of k elements `lda` apart; `tiles` holds `need`.
+        unsafe { pack_a(tiles, (m, k), a, lda) };
+        // Tasks of a row block and a run of panel pairs, under one tile configuration
+        // (`ldtilecfg` costs about as much as a few tile products): several per thread,
+        // and runs short enough that their B tiles (1 KiB per panel and step) stay in L2
+        // while the row blocks take them in turn (tasks go run by run).
+        let per_run = pairs
+            .div_ceil((par::threads() * 4).div_ceil(blocks))
+            .clamp(1, (RUN_TILES / steps).max(1));
+        let runs = pairs.div_ceil(per_run);
+        let (a_tiles, out) = (SendPtr(tiles.as_mut_ptr()), SendPtr(out));
+        let (a_tiles, out) = (&a_tiles, &out);
+        par::for_each(blocks * runs, |t| {
+            let (run, block) = (t / blocks, t % blocks);
+            let row0 = block * ROWS;
+            let first = run * per_run;
+            let task = Task {
+                k,
+                n,
+                rows: (m - row0).min(ROWS),
+                // SAFETY: block < blocks: inside the packed A tiles and `out`.
+                a: unsafe { a_tiles.0.add(block * steps * 2 * TILE) },
+                b: b.as_ptr(),
+                out: unsafe { out.0.add(row0 * n) },
+            };
+            // SAFETY: by this function's contract; the task's rows and panels lie inside.
+            unsafe { task.run(first * 2..((first + per_run) * 2).min(n.div_ceil(COLS))) };
+        });
     });
 }
 
-/// One task's rows (≤ 32) of `a` and `out`.
+/// `a`'s rows (`m`×`k`, rows `lda` apart) as A tiles: rows 16h.. of block b (32 rows) at
+/// step s is the tile at `((b · steps + s) · 2 + h) · TILE`, 32 k a row, zeros past K. An A
+/// tile read in place would take its 16 rows `lda` apart — for K of 1024 or 2048, rows
+/// 2 or 4 KiB apart, all in the same few L1 sets — and a partial last step would read past
+/// the rows (a NaN there is not cancelled by B's zeros).
+///
+/// # Safety
+/// `a` addresses m rows of k elements; `dst` holds ⌈m/32⌉ · steps · 2 · TILE values.
+unsafe fn pack_a(dst: &mut [bf16], (m, k): (usize, usize), a: *const bf16, lda: usize) {
+    let steps = k.div_ceil(K_STEP);
+    assert!(dst.len() >= m.div_ceil(ROWS) * steps * 2 * TILE);
+    let (base, start) = (SendPtr(dst.as_mut_ptr()), a as usize);
+    let base = &base;
+    par::for_each(m.div_ceil(16), |half| {
+        let (block, h) = (half / 2, half % 2);
+        for r in 0..16.min(m - half * 16) {
+            // SAFETY: row 16·half + r < m of `a`; its tiles' rows lie inside `dst`.
+            unsafe {
+                let row = (start as *const bf16).add((half * 16 + r) * lda);
+                for s in 0..steps {
+                    let tile_row = base
+                        .0
+                        .add(((block * steps + s) * 2 + h) * TILE + r * K_STEP);
+                    let live = K_STEP.min(k - s * K_STEP);
+                    std::ptr::copy_nonoverlapping(row.add(s * K_STEP), tile_row, live);
+                    std::ptr::write_bytes(tile_row.add(live), 0, K_STEP - live);
+                }
+            }
+        }
+    });
+}
+
+/// One task's rows (≤ 32) of `out`, and their A tiles (`pack_a`).
 struct Task {
     k: usize,
     n: usize,
     rows: usize,
     a: *const bf16,
-    lda: usize,
     b: *const bf16,
     out: *mut bf16,
 }
@@ -181,25 +220,12 @@ impl Task {
         let (k, rows) = (self.k, self.rows);
         let (top, bottom) = (rows.min(16), rows.saturating_sub(16));
         let steps = k.div_ceil(K_STEP);
-        let whole = k / K_STEP;
-        // The last step's k past K read as zeros: A's partial columns copied, zero-padded
-        // (B's are zero already, but A's could be a NaN).
-        let mut tail = [bf16::ZERO; ROWS * K_STEP];
-        if whole < steps {
-            let live = k - whole * K_STEP;
-            for r in 0..rows {
-                // SAFETY: row r's last `live` elements lie inside `a`.
-                let src = unsafe { self.a.add(r * self.lda + whole * K_STEP) };
-                tail[r * K_STEP..r * K_STEP + live]
-                    .copy_from_slice(unsafe { std::slice::from_raw_parts(src, live) });
-            }
-        }
         let config = TileConfig::new(top, bottom);
         let mut sums = [0.0f32; ROWS * 2 * COLS];
         let sums_ptr = sums.as_mut_ptr();
-        let (lda_bytes, c_stride) = (self.lda * 2, 2 * COLS * 4);
+        let (a_stride, c_stride) = (K_STEP * 2, 2 * COLS * 4);
         // SAFETY (the whole block): tile loads read `top`/`bottom` rows of 64 bytes from
-        // inside `a` (whole steps), `tail` or the packed tiles; stores write inside `sums`.
+        // inside the packed A and B tiles; stores write inside `sums`.
         unsafe {
             asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
             let mut q = panels.start;
@@ -217,10 +243,7 @@ impl Task {
                     }
                 }
                 for s in 0..steps {
-                    let (a_top, stride) = match s < whole {
-                        true => (self.a.add(s * K_STEP), lda_bytes),
-                        false => (tail.as_ptr(), K_STEP * 2),
-                    };
+                    let a_top = self.a.add(s * 2 * TILE);
                     let b0 = self.b.add((q * steps + s) * TILE);
                     asm!(
                         "tileloadd tmm4, [{a} + {sa}*1]",
@@ -228,7 +251,7 @@ impl Task {
                         "tdpbf16ps tmm0, tmm4, tmm6",
                         a = in(reg) a_top,
                         b = in(reg) b0,
-                        sa = in(reg) stride,
+                        sa = in(reg) a_stride,
                         sb = in(reg) 64usize,
                         options(nostack, readonly),
                     );
@@ -242,15 +265,12 @@ impl Task {
                         );
                     }
                     if bottom > 0 {
-                        let a_bottom = match s < whole {
-                            true => a_top.add(16 * self.lda),
-                            false => a_top.add(16 * K_STEP),
-                        };
+                        let a_bottom = a_top.add(TILE);
                         asm!(
                             "tileloadd tmm5, [{a} + {sa}*1]",
                             "tdpbf16ps tmm2, tmm5, tmm6",
                             a = in(reg) a_bottom,
-                            sa = in(reg) stride,
+                            sa = in(reg) a_stride,
                             options(nostack, readonly),
                         );
                         if pair {
