@@ -202,7 +202,8 @@ fn main() {
                 let us = median_us(|| {
                     // SAFETY: ah, tiles and out hold m×k, the packed k×n and m×n elements.
                     with_helpers(&helpers, threads, || unsafe {
-                        amx_bf16::product((m, n, k), ah.as_ptr(), k, &tiles, out.as_mut_ptr())
+                        let tiles = sgemm::TileValues::flat(&tiles);
+                        amx_bf16::product((m, n, k), ah.as_ptr(), k, tiles, out.as_mut_ptr())
                     })
                 });
                 format!("{us:.1}")

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::amx_tiles::TileConfig;
-use super::sgemm::Strided;
+use super::sgemm::{Strided, TileValues};
 use crate::elem::halfconv::f32_to_bf16;
 use crate::par;
 
@@ -66,10 +66,10 @@ pub fn packed_len(k: usize, n: usize) -> usize {
 ///
 /// # Safety
 /// `src` must address `k`×`n` readable elements.
-pub unsafe fn pack(k: usize, n: usize, src: Strided<bf16>) -> Vec<bf16> {
+pub unsafe fn pack(k: usize, n: usize, src: Strided<bf16>) -> Vec<TileValues> {
     let (steps, panels) = (k.div_ceil(K_STEP), n.div_ceil(COLS));
-    let mut data = vec![bf16::ZERO; packed_len(k, n)];
-    let base = SendPtr(data.as_mut_ptr());
+    let mut data = vec![TileValues([bf16::ZERO; TILE]); panels * steps];
+    let base = SendPtr(data.as_mut_ptr() as *mut bf16);
     // The source as an address: closures capture fields, and a raw pointer is not `Sync`.
     let (base, start, rs, cs) = (&base, src.ptr as usize, src.rs, src.cs);
     par::for_each(panels, |p| {
@@ -134,10 +134,14 @@ pub unsafe fn product(
     let steps = k.div_ceil(K_STEP);
     let need = blocks * steps * 2 * TILE;
     // The packed activations in this thread's scratch (a fresh allocation of this size
-    // would be page-faulted in on every call).
-    crate::scratch::with_scratch(need.div_ceil(4), |words| {
-        // SAFETY: the scratch holds `need` bf16s (4 a word), this call's alone.
-        let tiles = unsafe { std::slice::from_raw_parts_mut(words as *mut bf16, need) };
+    // would be page-faulted in on every call), from its first cache line boundary.
+    crate::scratch::with_scratch(need.div_ceil(4) + 8, |words| {
+        let skip = (words as *mut u8).align_offset(64);
+        // SAFETY: the scratch holds `need` bf16s (4 a word) past the ≤ 56 bytes skipped,
+        // this call's alone.
+        let tiles = unsafe {
+            std::slice::from_raw_parts_mut((words as *mut u8).add(skip) as *mut bf16, need)
+        };
         // SAFETY: `a` addresses m rows of k elements `lda` apart; `tiles` holds `need`.
         unsafe { pack_a(tiles, (m, k), a, lda) };
         // Tasks of a row block and a run of panel pairs, under one tile configuration
@@ -387,13 +391,20 @@ mod tests {
                 ]
             };
             assert_eq!(
-                packs[0], packs[1],
+                TileValues::flat(&packs[0]),
+                TileValues::flat(&packs[1]),
                 "{m}x{n}x{k}: one layout from either source"
             );
             for threads in [1, 2] {
                 let mut out = vec![bf16::NAN; m * n];
                 par::with_helpers(&helpers, threads, || unsafe {
-                    product((m, n, k), a.as_ptr(), k, &packs[0], out.as_mut_ptr())
+                    product(
+                        (m, n, k),
+                        a.as_ptr(),
+                        k,
+                        TileValues::flat(&packs[0]),
+                        out.as_mut_ptr(),
+                    )
                 });
                 for (o, (g, w)) in out.iter().zip(&want).enumerate() {
                     // Sums of exact products: f32 accumulation in another order, then one

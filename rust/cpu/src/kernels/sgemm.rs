@@ -128,7 +128,21 @@ pub enum PanelData {
     F16(Vec<f16>),
     /// A bf16 right operand in AMX tile layout (`amx_bf16::pack`), for `amx_bf16::product`
     /// (not this module's panels).
-    AmxBf16(Vec<bf16>),
+    AmxBf16(Vec<TileValues>),
+}
+
+/// One AMX tile's values (16 rows of 64 bytes), on cache lines of their own: a row split
+/// across two lines costs its load twice.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct TileValues(pub [bf16; 512]);
+
+impl TileValues {
+    /// The tiles' values one after another.
+    pub fn flat(tiles: &[TileValues]) -> &[bf16] {
+        // SAFETY: `TileValues` is 512 bf16s and nothing else (`repr(C)`, size 1 KiB).
+        unsafe { std::slice::from_raw_parts(tiles.as_ptr() as *const bf16, tiles.len() * 512) }
+    }
 }
 
 impl PanelData {
@@ -248,7 +262,7 @@ impl Packed {
     /// Its AMX tiles, where it was packed for `amx_bf16`.
     pub fn amx_tiles(&self) -> Option<&[bf16]> {
         match &*self.data {
-            PanelData::AmxBf16(v) => Some(v),
+            PanelData::AmxBf16(v) => Some(TileValues::flat(v)),
             _ => None,
         }
     }
