@@ -1,5 +1,6 @@
 """Matrix products: mm/bmm/addmm/linear/matmul with broadcasting, einsum contractions."""
 
+import ember
 import pytest
 import torch
 import torch.nn.functional as F
@@ -237,6 +238,15 @@ def test_products_over_the_packing_budget_read_weights_in_place(dtype, backend, 
 
     tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     check(fn, [rand(37, 300, dtype=dtype)], backend, **tol, new_inputs=[rand(5, 300, dtype=dtype)])
+
+
+@pytest.mark.parametrize("value", ["2GB", "-1", "lots"])
+def test_an_unreadable_packing_budget_is_an_error_naming_it(value, monkeypatch):
+    # A budget the user set and the CPU cannot read is not silently replaced by the
+    # default: the compile fails, naming the variable and the value.
+    monkeypatch.setenv("EMBER_CPU_PACK_MB", value)
+    with pytest.raises(ember.InputError, match=f"EMBER_CPU_PACK_MB={value}: expected"):
+        ember.compile(torch.nn.Linear(8, 4), rand(3, 8), backend="cpu")
 
 
 def test_one_row_linear_sees_in_place_weight_updates(backend):

@@ -6,7 +6,8 @@
 //! one-token decode runs them. The weight packed as bf16 and f16 panels (a 16-bit model's
 //! products: the tiles widen each panel row as they load it) is timed beside the f32 one,
 //! and the bf16 weight read in place (its panels packed per task, as a product with no
-//! packed copy runs), and the bf16 product on AMX tiles where the CPU has them.
+//! packed copy runs), and the bf16 product on AMX tiles where the CPU has them and on
+//! `vdpbf16ps` pair panels where it has AVX512-BF16.
 //! `cargo run -p ember-cpu --release --example gemm_bench`
 
 use std::sync::Arc;
@@ -14,8 +15,8 @@ use std::time::Instant;
 
 use half::{bf16, f16};
 
-use ember_cpu::internals::amx_bf16;
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
+use ember_cpu::internals::{amx_bf16, bf16_pairs, bf16_pairs_available};
 use ember_cpu::internals::{gemm_into, rows_dot_parallel, with_helpers, Helpers, Mat};
 
 fn median_us(mut f: impl FnMut()) -> f64 {
@@ -64,9 +65,11 @@ fn main() {
         (1, 8192, 2048, "1B decode gate"),
         (1, 2048, 8192, "1B decode down"),
         (1, 32000, 2048, "1B decode lm head"),
+        (128, 8192, 2048, "1B prefill gate"),
+        (128, 2048, 8192, "1B prefill down"),
     ];
-    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | bf16 in place µs | bf16 AMX µs | row-wise µs |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| shape | what | threads | gemm crate µs | sgemm µs | sgemm packed-weight µs | GFLOP/s (packed) | bf16 panels µs | f16 panels µs | bf16 in place µs | bf16 AMX µs | bf16 pairs µs | row-wise µs |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for threads in [1usize, 2] {
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -210,6 +213,33 @@ fn main() {
             } else {
                 "—".to_string()
             };
+            // The bf16 product on `vdpbf16ps` pair panels, where the CPU has AVX512-BF16
+            // (whichever kernel `bf16_pairs::preferred` picks for it).
+            let pairs_us = if bf16_pairs_available() {
+                let ah: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
+                // SAFETY: bh holds k×n elements.
+                let lines = unsafe {
+                    bf16_pairs::pack(
+                        k,
+                        n,
+                        Strided {
+                            ptr: bh.as_ptr(),
+                            rs,
+                            cs: 1,
+                        },
+                    )
+                };
+                let mut out = vec![bf16::ZERO; m * n];
+                let us = median_us(|| {
+                    // SAFETY: ah, lines and out hold m×k, the packed k×n and m×n elements.
+                    with_helpers(&helpers, threads, || unsafe {
+                        bf16_pairs::product((m, n, k), ah.as_ptr(), k, &lines, out.as_mut_ptr())
+                    })
+                });
+                format!("{us:.1}")
+            } else {
+                "—".to_string()
+            };
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {
@@ -224,7 +254,7 @@ fn main() {
                 "—".to_string()
             };
             println!(
-                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {bf16_in_place_us:.1} | {amx_us} | {rowwise} |"
+                "| {m}×{k}·{k}×{n} | {what} | {threads} | {crate_us:.1} | {own_us:.1} | {f32_packed_us:.1} | {gflops:.1} | {bf16_us:.1} | {f16_us:.1} | {bf16_in_place_us:.1} | {amx_us} | {pairs_us} | {rowwise} |"
             );
         }
     }

@@ -150,17 +150,28 @@ pub enum PackBudget {
 }
 
 impl PackBudget {
-    /// `EMBER_CPU_PACK_MB` (MiB of packed copies in all; 0: none) where set, else keep an
-    /// eighth of the memory (at least 1 GiB) free.
-    pub fn from_env() -> PackBudget {
-        let set = std::env::var("EMBER_CPU_PACK_MB").ok();
-        match set.and_then(|v| v.trim().parse::<usize>().ok()) {
-            Some(mib) => PackBudget::Total(mib.saturating_mul(1 << 20)),
-            None => {
-                let total = crate::memory::total_bytes().unwrap_or(0);
-                PackBudget::KeepFree((total / 8).max(1 << 30))
-            }
+    /// `EMBER_CPU_PACK_MB` (MiB of packed copies in all; 0: none) where set, else
+    /// `keep_free`; a value that is not a whole number is an error naming it (not a silent
+    /// default: the user set it for a reason, a model near the size of the memory).
+    pub fn from_env() -> std::result::Result<PackBudget, String> {
+        let set = match std::env::var("EMBER_CPU_PACK_MB") {
+            Err(std::env::VarError::NotPresent) => return Ok(PackBudget::keep_free()),
+            set => set.map_err(|e| e.to_string()),
+        };
+        match set.as_deref().map(|v| v.trim().parse::<usize>()) {
+            Ok(Ok(mib)) => Ok(PackBudget::Total(mib.saturating_mul(1 << 20))),
+            _ => Err(format!(
+                "EMBER_CPU_PACK_MB={}: expected a whole number of MiB for packed copies of \
+                 weights (0: none)",
+                set.unwrap_or_else(|e| e)
+            )),
         }
+    }
+
+    /// Keep an eighth of the memory (at least 1 GiB) free.
+    pub fn keep_free() -> PackBudget {
+        let total = crate::memory::total_bytes().unwrap_or(0);
+        PackBudget::KeepFree((total / 8).max(1 << 30))
     }
 
     /// Whether a pack of `bytes` more fits, `packed` bytes being packed already.
@@ -175,7 +186,7 @@ impl PackBudget {
 
 impl Default for PackedWeights {
     fn default() -> Self {
-        PackedWeights::new(PackBudget::from_env())
+        PackedWeights::new(PackBudget::keep_free())
     }
 }
 
@@ -213,20 +224,33 @@ impl PackedWeights {
         if let Some((_, packed)) = packs.by_source.get(&key) {
             return Ok(Some(packed.clone()));
         }
-        let amx = w.dtype == DType::BF16 && amx_bf16_available();
-        let len = match amx {
+        let bf16_kernel = match w.dtype {
+            DType::BF16 => Bf16Kernel::of_this_cpu(),
+            _ => None,
+        };
+        let len = match bf16_kernel {
             #[cfg(target_arch = "x86_64")]
-            true => crate::kernels::amx_bf16::packed_len(shape[0], shape[1]),
+            Some(Bf16Kernel::Amx) => crate::kernels::amx_bf16::packed_len(shape[0], shape[1]),
+            #[cfg(target_arch = "x86_64")]
+            Some(Bf16Kernel::Pairs) => {
+                crate::kernels::bf16_pairs::packed_lines(shape[0], shape[1]) * 32
+            }
             _ => sgemm::panels_len(shape[0], shape[1]),
         };
         if !self.budget.allows(packs.bytes, len * size) {
             return Ok(None);
         }
         let packed = match w.dtype {
-            // bf16 products run on AMX tiles where the CPU has them, the weight in their
-            // layout (k in pairs).
+            // bf16 products run on AMX tiles or `vdpbf16ps` pair panels where the CPU
+            // has them (`Bf16Kernel`), the weight in their layout (k in pairs).
             #[cfg(target_arch = "x86_64")]
-            DType::BF16 if amx => panels_of::<bf16>(w, Packed::amx_bf16)?,
+            DType::BF16 if bf16_kernel == Some(Bf16Kernel::Amx) => {
+                panels_of::<bf16>(w, Packed::amx_bf16)?
+            }
+            #[cfg(target_arch = "x86_64")]
+            DType::BF16 if bf16_kernel == Some(Bf16Kernel::Pairs) => {
+                panels_of::<bf16>(w, Packed::bf16_pairs)?
+            }
             // A half-precision weight keeps its type in the panels (the tiles widen it as
             // they load it): its products run the f32 GEMM's arithmetic on the same values
             // while holding as many bytes as the weight, not the twice an f32 copy took.
@@ -245,15 +269,28 @@ impl PackedWeights {
     }
 }
 
-/// Whether bf16 products run on AMX tiles (`kernels::amx_bf16`).
-fn amx_bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::kernels::amx_bf16::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The kernel of its own that bf16 products of several rows run on, where the CPU has one;
+/// else (`None`) `sgemm`'s FMA tiles, widening the weight as they load it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Bf16Kernel {
+    /// AMX tiles (`kernels::amx_bf16`).
+    Amx,
+    /// `vdpbf16ps` tiles (`kernels::bf16_pairs`), where they outrun the FMA tiles.
+    Pairs,
+}
+
+impl Bf16Kernel {
+    fn of_this_cpu() -> Option<Bf16Kernel> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::kernels::amx_bf16::available() {
+                return Some(Bf16Kernel::Amx);
+            }
+            if crate::kernels::bf16_pairs::preferred() {
+                return Some(Bf16Kernel::Pairs);
+            }
+        }
+        None
     }
 }
 
@@ -778,20 +815,28 @@ mod tests {
                 "{dtype}: the weight operand is packed"
             );
             let packed = &prog.packed[y][0];
-            // AMX tiles (bf16 where the CPU has them) pad k to whole steps of 32.
-            let (steps, amx) = match packed.amx_tiles() {
-                Some(_) => (k.next_multiple_of(32), "AMX tiles"),
-                None => (k, "16-bit panels"),
+            // bf16 kernels of their own (where the CPU has one) pad k to whole steps: 32
+            // for AMX tiles, pairs for `vdpbf16ps` panels of 32 columns.
+            let kernel = match dtype {
+                DType::BF16 => Bf16Kernel::of_this_cpu(),
+                _ => None,
+            };
+            let (steps, cols) = match kernel {
+                Some(Bf16Kernel::Amx) => (k.next_multiple_of(32), n.next_multiple_of(16)),
+                Some(Bf16Kernel::Pairs) => (k.next_multiple_of(2), n.next_multiple_of(32)),
+                None => (k, n.next_multiple_of(sgemm::NR)),
+            };
+            assert_eq!(packed.bytes(), steps * cols * 2, "{dtype}: {kernel:?}");
+            let packing = match packed.bf16_packing() {
+                #[cfg(target_arch = "x86_64")]
+                Some(sgemm::Bf16Packing::Amx(_)) => Some(Bf16Kernel::Amx),
+                #[cfg(target_arch = "x86_64")]
+                Some(sgemm::Bf16Packing::Pairs(_)) => Some(Bf16Kernel::Pairs),
+                _ => None,
             };
             assert_eq!(
-                packed.bytes(),
-                steps * n.next_multiple_of(sgemm::NR) * 2,
-                "{dtype}: {amx}"
-            );
-            assert_eq!(
-                packed.amx_tiles().is_some(),
-                dtype == DType::BF16 && amx_bf16_available(),
-                "{dtype}: AMX tiles for bf16 only, where the CPU has them"
+                packing, kernel,
+                "{dtype}: a bf16 kernel's packing for bf16 only, where the CPU has one"
             );
         }
     }
@@ -799,7 +844,8 @@ mod tests {
     /// Past the packing budget a product reads its weight in place: no packed copy, no
     /// contiguous copy of the transposed view either, and the outputs of the packed
     /// program, bit for bit (f32, bf16 and f16; 1 and 2 threads). The values' sums are
-    /// exact in f32 in any order, so AMX's order (bf16 where the CPU has it) agrees too.
+    /// exact in f32 in any order, so AMX's or `vdpbf16ps`'s order (bf16 where the CPU has
+    /// them) agrees too.
     #[test]
     fn a_weight_over_the_packing_budget_is_read_in_place() {
         use half::{bf16, f16};

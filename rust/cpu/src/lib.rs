@@ -33,7 +33,10 @@ pub use error::CpuError;
 pub mod internals {
     #[cfg(target_arch = "x86_64")]
     pub use crate::kernels::amx_bf16;
+    #[cfg(target_arch = "x86_64")]
+    pub use crate::kernels::bf16_pairs;
     pub use crate::kernels::dot::{gemm_into, rows_dot_parallel, Mat};
+    pub use crate::kernels::rowdot::bf16_pairs_available;
     pub use crate::kernels::sgemm;
     pub use crate::par::{with_helpers, Helpers};
 }
@@ -53,8 +56,9 @@ pub struct CpuBackend {
     fuse: bool,
     pool: Arc<rayon::ThreadPool>,
     helpers: Arc<par::Helpers>,
-    /// Weights packed by this backend's compiles (the search's candidates share them).
-    packs: compile::PackedWeights,
+    /// Weights packed by this backend's compiles (the search's candidates share them); an
+    /// unreadable `EMBER_CPU_PACK_MB` is reported by every compile.
+    packs: std::result::Result<compile::PackedWeights, String>,
 }
 
 impl CpuBackend {
@@ -72,14 +76,14 @@ impl CpuBackend {
             fuse,
             pool: Arc::new(pool),
             helpers: par::Helpers::for_threads(num_threads),
-            packs: compile::PackedWeights::default(),
+            packs: PackBudget::from_env().map(compile::PackedWeights::new),
         }
     }
 
     /// Sets how much memory packed copies of weights may take (default:
     /// `PackBudget::from_env`).
     pub fn with_pack_budget(mut self, budget: PackBudget) -> CpuBackend {
-        self.packs = compile::PackedWeights::new(budget);
+        self.packs = Ok(compile::PackedWeights::new(budget));
         self
     }
 
@@ -110,10 +114,11 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &Graph, weights: &Weights) -> Result<Box<dyn Executable>> {
+        let packs = self.packs.as_ref().map_err(|e| Error::Input(e.clone()))?;
         // In the pool: packing weights (and copying transposed ones) runs on its threads.
         let program = self
             .pool
-            .install(|| Program::new(graph, weights, self.fuse, &self.packs))?;
+            .install(|| Program::new(graph, weights, self.fuse, packs))?;
         Ok(Box::new(CpuExecutable {
             program,
             pool: self.pool.clone(),

@@ -542,8 +542,8 @@ pub fn dot_into_packed(a: &Val, b: &Packed, dest: &mut Dest, threads: usize) -> 
 /// converting the whole weight every call or holding an f32 copy of it.
 pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(tiles) = b.amx_tiles() {
-        return amx_product(a, b, tiles);
+    if let Some(packing) = b.bf16_packing() {
+        return bf16_kernel_product(a, b, packing);
     }
     let shape = [a.shape().first().copied().unwrap_or(0), b.cols];
     match a.dtype {
@@ -559,15 +559,16 @@ pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
     }
 }
 
-/// `a · b` for a 2-D bf16 `a` and a weight packed as AMX tiles (`amx_bf16`): rows of `a`
-/// read in place (copied where its columns are not contiguous).
+/// `a · b` for a 2-D bf16 `a` and a weight packed for a bf16 kernel of its own (AMX tiles,
+/// `vdpbf16ps` pair panels): rows of `a` read in place (copied where its columns are not
+/// contiguous).
 #[cfg(target_arch = "x86_64")]
-fn amx_product(a: &Val, b: &Packed, tiles: &[bf16]) -> KResult<Val> {
-    use super::amx_bf16;
+fn bf16_kernel_product(a: &Val, b: &Packed, packing: sgemm::Bf16Packing) -> KResult<Val> {
+    use super::{amx_bf16, bf16_pairs};
     let sa = a.shape();
     if a.dtype != DType::BF16 || sa.len() != 2 || sa[1] != b.rows {
         return Err(CpuError::Shape(format!(
-            "dot of {}{sa:?} and AMX tiles of [{}, {}]",
+            "dot of {}{sa:?} and a bf16 weight packed as [{}, {}]",
             a.dtype, b.rows, b.cols
         )));
     }
@@ -580,10 +581,20 @@ fn amx_product(a: &Val, b: &Packed, tiles: &[bf16]) -> KResult<Val> {
     let va = a.view::<bf16>()?;
     let lda = va.strides[0] as usize;
     Val::build::<bf16>(DType::BF16, &[m, n], |out| {
-        // SAFETY: `amx_tiles` exist only where `amx_bf16::available()`; va addresses m rows
-        // of k elements `lda` apart with unit column stride (checked above); the tiles were
-        // packed from a k×n weight (the `Packed`'s shape); out holds m×n.
-        unsafe { amx_bf16::product((m, n, k), va.ptr, lda, tiles, out.as_mut_ptr()) };
+        // SAFETY: each packing exists only where its kernel runs (`amx_bf16::available()`,
+        // `bf16_pairs::preferred()`); va addresses m rows of k elements `lda` apart with
+        // unit column stride (checked above); the weight was packed from k×n (the
+        // `Packed`'s shape); out holds m×n.
+        unsafe {
+            match packing {
+                sgemm::Bf16Packing::Amx(tiles) => {
+                    amx_bf16::product((m, n, k), va.ptr, lda, tiles, out.as_mut_ptr())
+                }
+                sgemm::Bf16Packing::Pairs(lines) => {
+                    bf16_pairs::product((m, n, k), va.ptr, lda, lines, out.as_mut_ptr())
+                }
+            }
+        };
         Ok(())
     })
 }

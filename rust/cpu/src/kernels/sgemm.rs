@@ -129,6 +129,19 @@ pub enum PanelData {
     /// A bf16 right operand in AMX tile layout (`amx_bf16::pack`), for `amx_bf16::product`
     /// (not this module's panels).
     AmxBf16(Vec<TileValues>),
+    /// A bf16 right operand as `vdpbf16ps` pair panels (`bf16_pairs::pack`), for
+    /// `bf16_pairs::product` (not this module's panels).
+    #[cfg(target_arch = "x86_64")]
+    Bf16Pairs(Vec<super::bf16_pairs::PairLine>),
+}
+
+/// A bf16 weight packed for a kernel of its own rather than this module's tiles.
+pub enum Bf16Packing<'a> {
+    /// AMX tiles (`amx_bf16`), their values one after another.
+    Amx(&'a [bf16]),
+    /// `vdpbf16ps` pair panels (`bf16_pairs`).
+    #[cfg(target_arch = "x86_64")]
+    Pairs(&'a [super::bf16_pairs::PairLine]),
 }
 
 /// One AMX tile's values (16 rows of 64 bytes), on cache lines of their own: a row split
@@ -152,6 +165,8 @@ impl PanelData {
             PanelData::Bf16(v) => PanelSlice::new(ElemKind::Bf16, v),
             PanelData::F16(v) => PanelSlice::new(ElemKind::F16, v),
             PanelData::AmxBf16(_) => panic!("AMX tiles are operands of `amx_bf16` only"),
+            #[cfg(target_arch = "x86_64")]
+            PanelData::Bf16Pairs(_) => panic!("pair panels are operands of `bf16_pairs` only"),
         }
     }
 
@@ -259,10 +274,30 @@ impl Packed {
         }
     }
 
-    /// Its AMX tiles, where it was packed for `amx_bf16`.
-    pub fn amx_tiles(&self) -> Option<&[bf16]> {
+    /// `src` (`rows`×`cols` of bf16) packed as the right operand of `bf16_pairs::product`.
+    ///
+    /// # Safety
+    /// `src` must address `rows`×`cols` readable elements.
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn bf16_pairs(rows: usize, cols: usize, src: Strided<bf16>) -> Packed {
+        Packed {
+            rows,
+            cols,
+            left: false,
+            // SAFETY: by the contract.
+            data: std::sync::Arc::new(PanelData::Bf16Pairs(unsafe {
+                super::bf16_pairs::pack(rows, cols, src)
+            })),
+        }
+    }
+
+    /// Its values, where it was packed for a bf16 kernel of its own (`amx_bf16`,
+    /// `bf16_pairs`) rather than for this module's tiles.
+    pub fn bf16_packing(&self) -> Option<Bf16Packing<'_>> {
         match &*self.data {
-            PanelData::AmxBf16(v) => Some(TileValues::flat(v)),
+            PanelData::AmxBf16(v) => Some(Bf16Packing::Amx(TileValues::flat(v))),
+            #[cfg(target_arch = "x86_64")]
+            PanelData::Bf16Pairs(v) => Some(Bf16Packing::Pairs(v)),
             _ => None,
         }
     }
@@ -279,8 +314,10 @@ impl Packed {
 
     /// Bytes its panels take.
     pub fn bytes(&self) -> usize {
-        match self.amx_tiles() {
-            Some(tiles) => std::mem::size_of_val(tiles),
+        match self.bf16_packing() {
+            Some(Bf16Packing::Amx(tiles)) => std::mem::size_of_val(tiles),
+            #[cfg(target_arch = "x86_64")]
+            Some(Bf16Packing::Pairs(lines)) => std::mem::size_of_val(lines),
             None => {
                 let panels = self.data.slice();
                 panels.len * panels.kind.size()
