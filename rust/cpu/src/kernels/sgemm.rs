@@ -20,12 +20,11 @@
 //! so a 16-bit model's products run this same f32
 //! arithmetic while its packed weights take the weights' bytes, not twice them. The
 //! conversion costs the compute-bound tiles ~10–20 % (it shares the FMA ports); products of
-//! a few rows, bound by reading the weight, run faster for the halved bytes. `vdpbf16ps`
-//! tiles over bf16 pair panels (bf16 activations read in place) were measured too: on our
-//! AVX512-BF16 Xeon VMs they ran ~1.45× slower than these on every multi-row shape of
-//! `gemm_bench` (RESULTS, stop 49), so none is kept. Where the CPU has AMX, bf16 weights
-//! are packed as AMX tiles instead (`Packed::amx_bf16`) and their products run in
-//! `amx_bf16`, 3–5× faster than these tiles.
+//! a few rows, bound by reading the weight, run faster for the halved bytes. Where the CPU
+//! has AMX, bf16 weights are packed as AMX tiles instead (`Packed::amx_bf16`) and their
+//! products run in `amx_bf16`, 3–5× faster than these tiles; on AMD CPUs with AVX512-BF16
+//! they are packed as `vdpbf16ps` pair panels (`Packed::bf16_pairs`) for `bf16_pairs`,
+//! 2.2–2.6× faster there (on Intel Xeons such tiles ran 1.45× slower than these).
 //!
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
 //! packs at most its activations (none when their rows are contiguous): for the skinny
