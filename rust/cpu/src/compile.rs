@@ -272,6 +272,7 @@ impl PackedWeights {
 /// The kernel of its own that bf16 products of several rows run on, where the CPU has one;
 /// else (`None`) `sgemm`'s FMA tiles, widening the weight as they load it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // both kernels are x86-64's
 enum Bf16Kernel {
     /// AMX tiles (`kernels::amx_bf16`).
     Amx,
