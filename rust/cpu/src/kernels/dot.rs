@@ -629,6 +629,14 @@ fn packed_product(a: &Val, b: &Packed, out: &mut [f32], threads: usize) -> KResu
             out.len()
         )));
     }
+    if b.bf16_packing().is_some() {
+        // A bf16 weight packed for its own kernel is not `sgemm` panels (its `slice` would
+        // panic): only `dot_half_packed` reads it.
+        return Err(CpuError::Internal(format!(
+            "an f32 product of a bf16 weight [{}, {}] packed for a bf16 kernel",
+            b.rows, b.cols
+        )));
+    }
     let (m, k, n) = (sa[0], sa[1], b.cols);
     let va = a.view::<f32>()?;
     let sa = Strided {
