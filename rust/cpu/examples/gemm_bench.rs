@@ -16,7 +16,7 @@ use std::time::Instant;
 use half::{bf16, f16};
 
 use ember_cpu::internals::sgemm::{self, Operand, Packed, Strided};
-use ember_cpu::internals::{amx_bf16, bf16_pairs, bf16_pairs_available};
+use ember_cpu::internals::Bf16Kernel;
 use ember_cpu::internals::{gemm_into, rows_dot_parallel, with_helpers, Helpers, Mat};
 
 fn median_us(mut f: impl FnMut()) -> f64 {
@@ -186,12 +186,16 @@ fn main() {
                     sgemm::sgemm((m, n, k), Operand::Strided(sa), right, cc, n, threads)
                 })
             });
-            // The bf16 product on AMX tiles (activations bf16 too), where the CPU has them.
-            let amx_us = if amx_bf16::available() {
+            // The bf16 product on each bf16 kernel of its own (activations bf16 too) that
+            // this CPU can run, whichever `Bf16Kernel::of_this_cpu` picks.
+            let own_kernel_us = |kernel: Bf16Kernel| {
+                if !kernel.runs_here() {
+                    return "—".to_string();
+                }
                 let ah: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
                 // SAFETY: bh holds k×n elements.
-                let tiles = unsafe {
-                    amx_bf16::pack(
+                let packed = unsafe {
+                    kernel.pack(
                         k,
                         n,
                         Strided {
@@ -203,43 +207,18 @@ fn main() {
                 };
                 let mut out = vec![bf16::ZERO; m * n];
                 let us = median_us(|| {
-                    // SAFETY: ah, tiles and out hold m×k, the packed k×n and m×n elements.
+                    // SAFETY: the kernel runs here; ah, packed and out hold m×k, the packed
+                    // k×n and m×n elements.
                     with_helpers(&helpers, threads, || unsafe {
-                        let tiles = sgemm::TileValues::flat(&tiles);
-                        amx_bf16::product((m, n, k), ah.as_ptr(), k, tiles, out.as_mut_ptr())
+                        packed.product((m, n, k), ah.as_ptr(), k, out.as_mut_ptr())
                     })
                 });
                 format!("{us:.1}")
-            } else {
-                "—".to_string()
             };
-            // The bf16 product on `vdpbf16ps` pair panels, where the CPU has AVX512-BF16
-            // (whichever kernel `bf16_pairs::preferred` picks for it).
-            let pairs_us = if bf16_pairs_available() {
-                let ah: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
-                // SAFETY: bh holds k×n elements.
-                let lines = unsafe {
-                    bf16_pairs::pack(
-                        k,
-                        n,
-                        Strided {
-                            ptr: bh.as_ptr(),
-                            rs,
-                            cs: 1,
-                        },
-                    )
-                };
-                let mut out = vec![bf16::ZERO; m * n];
-                let us = median_us(|| {
-                    // SAFETY: ah, lines and out hold m×k, the packed k×n and m×n elements.
-                    with_helpers(&helpers, threads, || unsafe {
-                        bf16_pairs::product((m, n, k), ah.as_ptr(), k, &lines, out.as_mut_ptr())
-                    })
-                });
-                format!("{us:.1}")
-            } else {
-                "—".to_string()
-            };
+            let (amx_us, pairs_us) = (
+                own_kernel_us(Bf16Kernel::Amx),
+                own_kernel_us(Bf16Kernel::Pairs),
+            );
             // One-row products as decode runs them unpacked: the weight's rows (bᵀ, as a
             // `linear` weight is stored) streamed once.
             let rowwise = if m == 1 {

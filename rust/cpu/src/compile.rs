@@ -224,37 +224,20 @@ impl PackedWeights {
         if let Some((_, packed)) = packs.by_source.get(&key) {
             return Ok(Some(packed.clone()));
         }
-        let bf16_kernel = match w.dtype {
-            DType::BF16 => Bf16Kernel::of_this_cpu(),
-            _ => None,
+        let bytes = match w.dtype {
+            DType::BF16 => Packed::b_bf16_bytes(shape[0], shape[1]),
+            _ => sgemm::panels_len(shape[0], shape[1]) * size,
         };
-        let len = match bf16_kernel {
-            #[cfg(target_arch = "x86_64")]
-            Some(Bf16Kernel::Amx) => crate::kernels::amx_bf16::packed_len(shape[0], shape[1]),
-            #[cfg(target_arch = "x86_64")]
-            Some(Bf16Kernel::Pairs) => {
-                crate::kernels::bf16_pairs::packed_lines(shape[0], shape[1]) * 32
-            }
-            _ => sgemm::panels_len(shape[0], shape[1]),
-        };
-        if !self.budget.allows(packs.bytes, len * size) {
+        if !self.budget.allows(packs.bytes, bytes) {
             return Ok(None);
         }
         let packed = match w.dtype {
-            // bf16 products run on AMX tiles or `vdpbf16ps` pair panels where the CPU
-            // has them (`Bf16Kernel`), the weight in their layout (k in pairs).
-            #[cfg(target_arch = "x86_64")]
-            DType::BF16 if bf16_kernel == Some(Bf16Kernel::Amx) => {
-                panels_of::<bf16>(w, Packed::amx_bf16)?
-            }
-            #[cfg(target_arch = "x86_64")]
-            DType::BF16 if bf16_kernel == Some(Bf16Kernel::Pairs) => {
-                panels_of::<bf16>(w, Packed::bf16_pairs)?
-            }
             // A half-precision weight keeps its type in the panels (the tiles widen it as
             // they load it): its products run the f32 GEMM's arithmetic on the same values
             // while holding as many bytes as the weight, not the twice an f32 copy took.
-            DType::BF16 => panels_of::<bf16>(w, Packed::b_half)?,
+            // bf16 goes to a kernel of its own where the CPU has one (AMX tiles,
+            // `vdpbf16ps` pair panels: `bf16_kernel`), packed in its layout.
+            DType::BF16 => panels_of::<bf16>(w, Packed::b_bf16)?,
             DType::F16 => panels_of::<f16>(w, Packed::b_half)?,
             DType::F32 => panels_of::<f32>(w, Packed::b)?,
             d => {
@@ -266,32 +249,6 @@ impl PackedWeights {
         packs.bytes += packed.bytes();
         packs.by_source.insert(key, (w.clone(), packed.clone()));
         Ok(Some(packed))
-    }
-}
-
-/// The kernel of its own that bf16 products of several rows run on, where the CPU has one;
-/// else (`None`) `sgemm`'s FMA tiles, widening the weight as they load it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // both kernels are x86-64's
-enum Bf16Kernel {
-    /// AMX tiles (`kernels::amx_bf16`).
-    Amx,
-    /// `vdpbf16ps` tiles (`kernels::bf16_pairs`), where they outrun the FMA tiles.
-    Pairs,
-}
-
-impl Bf16Kernel {
-    fn of_this_cpu() -> Option<Bf16Kernel> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::kernels::amx_bf16::available() {
-                return Some(Bf16Kernel::Amx);
-            }
-            if crate::kernels::bf16_pairs::preferred() {
-                return Some(Bf16Kernel::Pairs);
-            }
-        }
-        None
     }
 }
 
@@ -818,26 +775,30 @@ mod tests {
             let packed = &prog.packed[y][0];
             // bf16 kernels of their own (where the CPU has one) pad k to whole steps: 32
             // for AMX tiles, pairs for `vdpbf16ps` panels of 32 columns.
-            let kernel = match dtype {
-                DType::BF16 => Bf16Kernel::of_this_cpu(),
-                _ => None,
-            };
-            let (steps, cols) = match kernel {
-                Some(Bf16Kernel::Amx) => (k.next_multiple_of(32), n.next_multiple_of(16)),
-                Some(Bf16Kernel::Pairs) => (k.next_multiple_of(2), n.next_multiple_of(32)),
-                None => (k, n.next_multiple_of(sgemm::NR)),
-            };
-            assert_eq!(packed.bytes(), steps * cols * 2, "{dtype}: {kernel:?}");
-            let packing = match packed.bf16_packing() {
-                #[cfg(target_arch = "x86_64")]
-                Some(sgemm::Bf16Packing::Amx(_)) => Some(Bf16Kernel::Amx),
-                #[cfg(target_arch = "x86_64")]
-                Some(sgemm::Bf16Packing::Pairs(_)) => Some(Bf16Kernel::Pairs),
-                _ => None,
-            };
+            #[cfg(target_arch = "x86_64")]
+            {
+                use crate::kernels::bf16_kernel::Bf16Kernel;
+                let kernel = match dtype {
+                    DType::BF16 => Bf16Kernel::of_this_cpu(),
+                    _ => None,
+                };
+                let (steps, cols) = match kernel {
+                    Some(Bf16Kernel::Amx) => (k.next_multiple_of(32), n.next_multiple_of(16)),
+                    Some(Bf16Kernel::Pairs) => (k.next_multiple_of(2), n.next_multiple_of(32)),
+                    None => (k, n.next_multiple_of(sgemm::NR)),
+                };
+                assert_eq!(packed.bytes(), steps * cols * 2, "{dtype}: {kernel:?}");
+                assert_eq!(
+                    packed.bf16_packing().map(|p| p.kernel()),
+                    kernel,
+                    "{dtype}: a bf16 kernel's packing for bf16 only, where the CPU has one"
+                );
+            }
+            #[cfg(not(target_arch = "x86_64"))]
             assert_eq!(
-                packing, kernel,
-                "{dtype}: a bf16 kernel's packing for bf16 only, where the CPU has one"
+                packed.bytes(),
+                k * n.next_multiple_of(sgemm::NR) * 2,
+                "{dtype}"
             );
         }
     }

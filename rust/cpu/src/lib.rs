@@ -32,11 +32,8 @@ pub use error::CpuError;
 #[doc(hidden)]
 pub mod internals {
     #[cfg(target_arch = "x86_64")]
-    pub use crate::kernels::amx_bf16;
-    #[cfg(target_arch = "x86_64")]
-    pub use crate::kernels::bf16_pairs;
+    pub use crate::kernels::bf16_kernel::Bf16Kernel;
     pub use crate::kernels::dot::{gemm_into, rows_dot_parallel, Mat};
-    pub use crate::kernels::rowdot::bf16_pairs_available;
     pub use crate::kernels::sgemm;
     pub use crate::par::{with_helpers, Helpers};
 }

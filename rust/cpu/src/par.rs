@@ -250,9 +250,19 @@ pub fn for_parts_mut<T: Send>(
     });
 }
 
-struct SendPtr<T>(*mut T);
-// SAFETY: used only to hand disjoint sub-slices of one exclusively borrowed slice to threads.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
+/// A pointer into one exclusively borrowed buffer, shared with the tasks of a loop so that
+/// each writes its own disjoint part (which the user of every `SendPtr` must ensure).
+pub struct SendPtr<T>(pub *mut T);
+// SAFETY: tasks only write disjoint parts of the buffer, which outlives the loop.
+unsafe impl<T> Sync for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` struct, not the field).
+    pub fn get(&self) -> *mut T {
+        self.0
+    }
+}
 
 /// The chunks of one loop, claimed one at a time by the caller and by helpers.
 struct Job {

@@ -18,9 +18,10 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use super::amx_tiles::TileConfig;
-use super::sgemm::{Strided, TileValues};
+use super::bf16_kernel::{pack_panels, AlignedBf16};
+use super::sgemm::Strided;
 use crate::elem::halfconv::f32_to_bf16;
-use crate::par;
+use crate::par::{self, SendPtr};
 
 /// k per tile step: a tile row holds 32 bf16 (64 bytes).
 pub const K_STEP: usize = 32;
@@ -60,6 +61,9 @@ pub fn packed_len(k: usize, n: usize) -> usize {
     n.div_ceil(COLS) * k.div_ceil(K_STEP) * TILE
 }
 
+/// One B tile's values (16 rows of 64 bytes).
+pub type TileValues = AlignedBf16<TILE>;
+
 /// `src` (`k`×`n`) packed as B tiles: panel `p` (columns `16p..`), step `s` (k `32s..`) is
 /// the tile at `(p · steps + s) · TILE`, whose row `r`, column `c` holds the pair
 /// B[32s + 2r, 16p + c], B[32s + 2r + 1, 16p + c]; zeros past K and N.
@@ -67,42 +71,12 @@ pub fn packed_len(k: usize, n: usize) -> usize {
 /// # Safety
 /// `src` must address `k`×`n` readable elements.
 pub unsafe fn pack(k: usize, n: usize, src: Strided<bf16>) -> Vec<TileValues> {
-    let (steps, panels) = (k.div_ceil(K_STEP), n.div_ceil(COLS));
-    let mut data = vec![TileValues([bf16::ZERO; TILE]); panels * steps];
-    let base = SendPtr(data.as_mut_ptr() as *mut bf16);
-    // The source as an address: closures capture fields, and a raw pointer is not `Sync`.
-    let (base, start, rs, cs) = (&base, src.ptr as usize, src.rs, src.cs);
-    par::for_each(panels, |p| {
-        let live = COLS.min(n - p * COLS);
-        let start = start as *const bf16;
-        // SAFETY: panel p owns its `steps` tiles of `data`; reads inside the k×n source.
-        unsafe {
-            let panel = base.0.add(p * steps * TILE);
-            let at = |kk: usize| panel.add((kk / K_STEP) * TILE + (kk % K_STEP) / 2 * 32);
-            if cs == 1 {
-                for kk in 0..k {
-                    let row = start.offset(kk as isize * rs + (p * COLS) as isize);
-                    for c in 0..live {
-                        *at(kk).add(c * 2 + kk % 2) = *row.add(c);
-                    }
-                }
-            } else {
-                // A `linear` weight read transposed: each column's k are contiguous.
-                for c in 0..live {
-                    let col = start.offset((p * COLS + c) as isize * cs);
-                    for kk in 0..k {
-                        *at(kk).add(c * 2 + kk % 2) = *col.offset(kk as isize * rs);
-                    }
-                }
-            }
-        }
-    });
-    data
+    let steps = k.div_ceil(K_STEP);
+    let at = |kk: usize, c: usize| (kk / K_STEP) * TILE + (kk % K_STEP) / 2 * 32 + c * 2 + kk % 2;
+    // SAFETY: by the contract; `at` maps each (kk, c) of a panel to its own value of the
+    // panel's `steps` tiles.
+    unsafe { pack_panels((k, n), src, (COLS, steps), at) }
 }
-
-struct SendPtr<T>(*mut T);
-// SAFETY: tasks write disjoint parts of the buffer, which outlives the loop.
-unsafe impl<T> Sync for SendPtr<T> {}
 
 /// `out = a · b` for `a` (`m`×`k` bf16, rows `lda` apart, unit column stride) and `b`
 /// packed by `pack` (`k`×`n`), `out` `m`×`n` bf16 (rows `n` apart), each output the f32 sum
@@ -391,8 +365,8 @@ mod tests {
                 ]
             };
             assert_eq!(
-                TileValues::flat(&packs[0]),
-                TileValues::flat(&packs[1]),
+                AlignedBf16::flat(&packs[0]),
+                AlignedBf16::flat(&packs[1]),
                 "{m}x{n}x{k}: one layout from either source"
             );
             for threads in [1, 2] {
@@ -402,7 +376,7 @@ mod tests {
                         (m, n, k),
                         a.as_ptr(),
                         k,
-                        TileValues::flat(&packs[0]),
+                        AlignedBf16::flat(&packs[0]),
                         out.as_mut_ptr(),
                     )
                 });

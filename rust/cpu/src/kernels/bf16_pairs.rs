@@ -23,8 +23,9 @@ use std::sync::OnceLock;
 
 use half::bf16;
 
+use super::bf16_kernel::{pack_panels, AlignedBf16};
 use super::sgemm::Strided;
-use crate::par;
+use crate::par::{self, SendPtr};
 
 /// Columns of a packed panel: two vectors of 16 pairs.
 pub const COLS: usize = 32;
@@ -37,17 +38,7 @@ const BLOCK_TILES: usize = 4;
 const PAR_MIN_WORK: usize = 1 << 21;
 
 /// One 64-byte line of a packed panel: 16 (even k, odd k) pairs.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub struct PairLine(pub [bf16; 32]);
-
-impl PairLine {
-    /// The lines' values one after another.
-    pub fn flat(lines: &[PairLine]) -> &[bf16] {
-        // SAFETY: `PairLine` is 32 bf16s and nothing else (`repr(C)`, 64 bytes).
-        unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const bf16, lines.len() * 32) }
-    }
-}
+pub type PairLine = AlignedBf16<32>;
 
 /// Whether bf16 weights are packed for this kernel: the CPU has AVX512-BF16 (and the
 /// AVX-512 kernels are on), no AMX for `amx_bf16`, and is not Intel's — or
@@ -92,45 +83,12 @@ pub fn packed_lines(k: usize, n: usize) -> usize {
 /// # Safety
 /// `src` must address `k`×`n` readable elements.
 pub unsafe fn pack(k: usize, n: usize, src: Strided<bf16>) -> Vec<PairLine> {
-    let (steps, panels) = (pairs(k), n.div_ceil(COLS));
-    let mut data = vec![PairLine([bf16::ZERO; 32]); panels * steps * 2];
-    let base = SendPtr(data.as_mut_ptr() as *mut bf16);
-    // The source as an address: closures capture fields, and a raw pointer is not `Sync`.
-    let (base, start, rs, cs) = (&base, src.ptr as usize, src.rs, src.cs);
-    par::for_each(panels, |q| {
-        let live = COLS.min(n - q * COLS);
-        let start = start as *const bf16;
-        // SAFETY: panel q owns its `2 · steps` lines of `data`; reads inside the k×n source.
-        unsafe {
-            let panel = base.0.add(q * steps * 2 * 32);
-            // Column c of pair row kk: line c / 16 of pair kk / 2, lane c % 16, half kk % 2.
-            let at = |kk: usize, c: usize| {
-                panel.add((kk / 2) * 64 + (c / 16) * 32 + (c % 16) * 2 + kk % 2)
-            };
-            if cs == 1 {
-                for kk in 0..k {
-                    let row = start.offset(kk as isize * rs + (q * COLS) as isize);
-                    for c in 0..live {
-                        *at(kk, c) = *row.add(c);
-                    }
-                }
-            } else {
-                // A `linear` weight read transposed: each column's k are contiguous.
-                for c in 0..live {
-                    let col = start.offset((q * COLS + c) as isize * cs);
-                    for kk in 0..k {
-                        *at(kk, c) = *col.offset(kk as isize * rs);
-                    }
-                }
-            }
-        }
-    });
-    data
+    // Column c of k row kk: line c / 16 of pair kk / 2, lane c % 16, half kk % 2.
+    let at = |kk: usize, c: usize| (kk / 2) * 64 + (c / 16) * 32 + (c % 16) * 2 + kk % 2;
+    // SAFETY: by the contract; `at` maps each (kk, c) of a panel to its own value of the
+    // panel's `2 · pairs` lines.
+    unsafe { pack_panels((k, n), src, (COLS, pairs(k) * 2), at) }
 }
-
-struct SendPtr<T>(*mut T);
-// SAFETY: tasks write disjoint parts of the buffer, which outlives the loop.
-unsafe impl<T> Sync for SendPtr<T> {}
 
 /// `out = a · b` for `a` (`m`×`k` bf16, rows `lda` apart, unit column stride) and `b`
 /// packed by `pack` (`k`×`n`), `out` `m`×`n` bf16 (rows `n` apart), each output the f32 sum
@@ -173,7 +131,7 @@ pub unsafe fn product(
         let per_group = panels.div_ceil((threads * 4).div_ceil(blocks)).max(1);
         let groups = panels.div_ceil(per_group);
         let (a_pairs, out) = (SendPtr(a_pairs.as_mut_ptr()), SendPtr(out));
-        let (a_pairs, out, b) = (&a_pairs, &out, PairLine::flat(b).as_ptr() as usize);
+        let (a_pairs, out, b) = (&a_pairs, &out, AlignedBf16::flat(b).as_ptr() as usize);
         let task = |t: usize| {
             let (group, block) = (t / blocks, t % blocks);
             let first_tile = block * BLOCK_TILES;
@@ -382,8 +340,8 @@ mod tests {
             // SAFETY: b and bt address k×n elements as described.
             let packs = unsafe { [pack(k, n, source(&b, n, 1)), pack(k, n, source(&bt, 1, k))] };
             assert_eq!(
-                PairLine::flat(&packs[0]),
-                PairLine::flat(&packs[1]),
+                AlignedBf16::flat(&packs[0]),
+                AlignedBf16::flat(&packs[1]),
                 "{m}x{n}x{k}: one layout from either source"
             );
             for threads in [1, 2] {

@@ -16,7 +16,7 @@ use super::elementwise::cast;
 use super::{dot, sgemm};
 use crate::buffer::{Layout, Val};
 use crate::error::{CpuError, KResult};
-use crate::par;
+use crate::par::{self, SendPtr};
 
 /// Rows of x up to which each block is unpacked and used in place, `GROUP_ROWS` rows at a
 /// time; past it the GEMM on the weight unpacked once per call wins.
@@ -260,17 +260,6 @@ fn unpacked_in_parts(out: &mut [f32], xr: &[f32], q: &[u8], sz: (&[f32], &[f32])
             }
         }
     });
-}
-
-struct SendPtr(*mut f32);
-// SAFETY: hands disjoint elements of one exclusively borrowed slice to threads.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` struct).
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// `sums[i · rows + j]` = x row i · weight row `rows.start + j` (x in `reorder_x`'s order).

@@ -563,8 +563,11 @@ pub fn dot_half_packed(a: &Val, b: &Packed, threads: usize) -> KResult<Val> {
 /// `vdpbf16ps` pair panels): rows of `a` read in place (copied where its columns are not
 /// contiguous).
 #[cfg(target_arch = "x86_64")]
-fn bf16_kernel_product(a: &Val, b: &Packed, packing: sgemm::Bf16Packing) -> KResult<Val> {
-    use super::{amx_bf16, bf16_pairs};
+fn bf16_kernel_product(
+    a: &Val,
+    b: &Packed,
+    packing: &super::bf16_kernel::Bf16Packed,
+) -> KResult<Val> {
     let sa = a.shape();
     if a.dtype != DType::BF16 || sa.len() != 2 || sa[1] != b.rows {
         return Err(CpuError::Shape(format!(
@@ -581,20 +584,11 @@ fn bf16_kernel_product(a: &Val, b: &Packed, packing: sgemm::Bf16Packing) -> KRes
     let va = a.view::<bf16>()?;
     let lda = va.strides[0] as usize;
     Val::build::<bf16>(DType::BF16, &[m, n], |out| {
-        // SAFETY: each packing exists only where its kernel runs (`amx_bf16::available()`,
-        // `bf16_pairs::preferred()`); va addresses m rows of k elements `lda` apart with
-        // unit column stride (checked above); the weight was packed from k×n (the
-        // `Packed`'s shape); out holds m×n.
-        unsafe {
-            match packing {
-                sgemm::Bf16Packing::Amx(tiles) => {
-                    amx_bf16::product((m, n, k), va.ptr, lda, tiles, out.as_mut_ptr())
-                }
-                sgemm::Bf16Packing::Pairs(lines) => {
-                    bf16_pairs::product((m, n, k), va.ptr, lda, lines, out.as_mut_ptr())
-                }
-            }
-        };
+        // SAFETY: a bf16 kernel's packing exists only where that kernel runs
+        // (`Packed::b_bf16`); va addresses m rows of k elements `lda` apart with unit column
+        // stride (checked above); the weight was packed from k×n (the `Packed`'s shape);
+        // out holds m×n.
+        unsafe { packing.product((m, n, k), va.ptr, lda, out.as_mut_ptr()) };
         Ok(())
     })
 }
@@ -629,7 +623,7 @@ fn packed_product(a: &Val, b: &Packed, out: &mut [f32], threads: usize) -> KResu
             out.len()
         )));
     }
-    if b.bf16_packing().is_some() {
+    if b.for_bf16_kernel() {
         // A bf16 weight packed for its own kernel is not `sgemm` panels (its `slice` would
         // panic): only `dot_half_packed` reads it.
         return Err(CpuError::Internal(format!(

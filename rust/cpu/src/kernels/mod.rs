@@ -6,6 +6,8 @@ pub mod amx_bf16;
 mod amx_tiles;
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+pub mod bf16_kernel;
+#[cfg(target_arch = "x86_64")]
 pub mod bf16_pairs;
 pub mod block_quant_dot;
 pub mod chain;

@@ -21,9 +21,9 @@
 //! arithmetic while its packed weights take the weights' bytes, not twice them. The
 //! conversion costs the compute-bound tiles ~10–20 % (it shares the FMA ports); products of
 //! a few rows, bound by reading the weight, run faster for the halved bytes. Where the CPU
-//! has AMX, bf16 weights are packed as AMX tiles instead (`Packed::amx_bf16`) and their
-//! products run in `amx_bf16`, 3–5× faster than these tiles; on AMD CPUs with AVX512-BF16
-//! they are packed as `vdpbf16ps` pair panels (`Packed::bf16_pairs`) for `bf16_pairs`,
+//! has AMX, bf16 weights are packed as AMX tiles instead (`Packed::b_bf16`, `bf16_kernel`)
+//! and their products run in `amx_bf16`, 3–5× faster than these tiles; on AMD CPUs with
+//! AVX512-BF16 they are packed as `vdpbf16ps` pair panels for `bf16_pairs`,
 //! 2.2–2.6× faster there (on Intel Xeons such tiles ran 1.45× slower than these).
 //!
 //! A weight operand is packed once at compile time (`Packed::a` / `Packed::b`), so a call
@@ -44,8 +44,10 @@ use std::cell::RefCell;
 
 use half::{bf16, f16};
 
+#[cfg(target_arch = "x86_64")]
+use super::bf16_kernel::{Bf16Kernel, Bf16Packed};
 use super::rowdot::RowWeight;
-use crate::par;
+use crate::par::{self, SendPtr};
 
 /// Rows of the register tile.
 pub const MR: usize = 6;
@@ -125,36 +127,10 @@ pub enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
     F16(Vec<f16>),
-    /// A bf16 right operand in AMX tile layout (`amx_bf16::pack`), for `amx_bf16::product`
-    /// (not this module's panels).
-    AmxBf16(Vec<TileValues>),
-    /// A bf16 right operand as `vdpbf16ps` pair panels (`bf16_pairs::pack`), for
-    /// `bf16_pairs::product` (not this module's panels).
+    /// A bf16 right operand packed for a kernel of its own (`bf16_kernel`: AMX tiles or
+    /// `vdpbf16ps` pair panels), not this module's panels.
     #[cfg(target_arch = "x86_64")]
-    Bf16Pairs(Vec<super::bf16_pairs::PairLine>),
-}
-
-/// A bf16 weight packed for a kernel of its own rather than this module's tiles.
-pub enum Bf16Packing<'a> {
-    /// AMX tiles (`amx_bf16`), their values one after another.
-    Amx(&'a [bf16]),
-    /// `vdpbf16ps` pair panels (`bf16_pairs`).
-    #[cfg(target_arch = "x86_64")]
-    Pairs(&'a [super::bf16_pairs::PairLine]),
-}
-
-/// One AMX tile's values (16 rows of 64 bytes), on cache lines of their own: a row split
-/// across two lines costs its load twice.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub struct TileValues(pub [bf16; 512]);
-
-impl TileValues {
-    /// The tiles' values one after another.
-    pub fn flat(tiles: &[TileValues]) -> &[bf16] {
-        // SAFETY: `TileValues` is 512 bf16s and nothing else (`repr(C)`, size 1 KiB).
-        unsafe { std::slice::from_raw_parts(tiles.as_ptr() as *const bf16, tiles.len() * 512) }
-    }
+    Bf16Kernel(Bf16Packed),
 }
 
 impl PanelData {
@@ -163,9 +139,8 @@ impl PanelData {
             PanelData::F32(v) => PanelSlice::new(ElemKind::F32, v),
             PanelData::Bf16(v) => PanelSlice::new(ElemKind::Bf16, v),
             PanelData::F16(v) => PanelSlice::new(ElemKind::F16, v),
-            PanelData::AmxBf16(_) => panic!("AMX tiles are operands of `amx_bf16` only"),
             #[cfg(target_arch = "x86_64")]
-            PanelData::Bf16Pairs(_) => panic!("pair panels are operands of `bf16_pairs` only"),
+            PanelData::Bf16Kernel(_) => panic!("a bf16 kernel's packing is its operand only"),
         }
     }
 
@@ -256,49 +231,55 @@ impl Packed {
         }
     }
 
-    /// `src` (`rows`×`cols` of bf16) packed as the right operand of `amx_bf16::product`.
+    /// `src` (`rows`×`cols` of bf16) packed as the right operand of products: for this
+    /// CPU's bf16 kernel of its own (`Bf16Kernel::of_this_cpu`), else as `b_half` panels.
     ///
     /// # Safety
     /// `src` must address `rows`×`cols` readable elements.
-    #[cfg(target_arch = "x86_64")]
-    pub unsafe fn amx_bf16(rows: usize, cols: usize, src: Strided<bf16>) -> Packed {
-        Packed {
-            rows,
-            cols,
-            left: false,
-            // SAFETY: by the contract.
-            data: std::sync::Arc::new(PanelData::AmxBf16(unsafe {
-                super::amx_bf16::pack(rows, cols, src)
-            })),
+    pub unsafe fn b_bf16(rows: usize, cols: usize, src: Strided<bf16>) -> Packed {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(kernel) = Bf16Kernel::of_this_cpu() {
+            return Packed {
+                rows,
+                cols,
+                left: false,
+                // SAFETY: by the contract.
+                data: std::sync::Arc::new(PanelData::Bf16Kernel(unsafe {
+                    kernel.pack(rows, cols, src)
+                })),
+            };
         }
+        // SAFETY: by the contract.
+        unsafe { Packed::b_half(rows, cols, src) }
     }
 
-    /// `src` (`rows`×`cols` of bf16) packed as the right operand of `bf16_pairs::product`.
-    ///
-    /// # Safety
-    /// `src` must address `rows`×`cols` readable elements.
-    #[cfg(target_arch = "x86_64")]
-    pub unsafe fn bf16_pairs(rows: usize, cols: usize, src: Strided<bf16>) -> Packed {
-        Packed {
-            rows,
-            cols,
-            left: false,
-            // SAFETY: by the contract.
-            data: std::sync::Arc::new(PanelData::Bf16Pairs(unsafe {
-                super::bf16_pairs::pack(rows, cols, src)
-            })),
+    /// Bytes `b_bf16` packs a `rows`×`cols` operand into.
+    pub fn b_bf16_bytes(rows: usize, cols: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(kernel) = Bf16Kernel::of_this_cpu() {
+            return kernel.packed_bytes(rows, cols);
         }
+        panels_len(rows, cols) * std::mem::size_of::<bf16>()
     }
 
-    /// Its values, where it was packed for a bf16 kernel of its own (`amx_bf16`,
-    /// `bf16_pairs`) rather than for this module's tiles.
-    pub fn bf16_packing(&self) -> Option<Bf16Packing<'_>> {
+    /// Its values, where it was packed for a bf16 kernel of its own (`b_bf16`) rather than
+    /// for this module's tiles.
+    #[cfg(target_arch = "x86_64")]
+    pub fn bf16_packing(&self) -> Option<&Bf16Packed> {
         match &*self.data {
-            PanelData::AmxBf16(v) => Some(Bf16Packing::Amx(TileValues::flat(v))),
-            #[cfg(target_arch = "x86_64")]
-            PanelData::Bf16Pairs(v) => Some(Bf16Packing::Pairs(v)),
+            PanelData::Bf16Kernel(packed) => Some(packed),
             _ => None,
         }
+    }
+
+    /// Whether it was packed for a bf16 kernel of its own, whose products only
+    /// `dot::dot_half_packed` runs.
+    pub fn for_bf16_kernel(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let own = self.bf16_packing().is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        let own = false;
+        own
     }
 
     /// Whether both hold the same panels (one copy, shared).
@@ -313,15 +294,12 @@ impl Packed {
 
     /// Bytes its panels take.
     pub fn bytes(&self) -> usize {
-        match self.bf16_packing() {
-            Some(Bf16Packing::Amx(tiles)) => std::mem::size_of_val(tiles),
-            #[cfg(target_arch = "x86_64")]
-            Some(Bf16Packing::Pairs(lines)) => std::mem::size_of_val(lines),
-            None => {
-                let panels = self.data.slice();
-                panels.len * panels.kind.size()
-            }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(packed) = self.bf16_packing() {
+            return packed.bytes();
         }
+        let panels = self.data.slice();
+        panels.len * panels.kind.size()
     }
 
     /// Panel `q` of an f32 right operand: `rows` steps of `NR` values (columns `q·NR..`,
@@ -404,11 +382,6 @@ fn split(n: usize, threads: usize, work: usize, body: impl Fn(usize) + Sync) {
         (0..n).for_each(body);
     }
 }
-
-struct SendPtr<T = f32>(*mut T);
-// SAFETY: shared only to write disjoint panels or tiles of one exclusively borrowed buffer.
-unsafe impl<T> Sync for SendPtr<T> {}
-unsafe impl<T> Send for SendPtr<T> {}
 
 /// Packs `src` (`rows`×`k`) into `dst` as panels of `MR` rows, each `k`×`MR` (k-major).
 ///
