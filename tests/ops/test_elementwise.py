@@ -50,6 +50,22 @@ def test_unary_positive_domain(name, backend):
     check(POSITIVE[name], [rand(3, 9, low=0.1, high=4)], backend)
 
 
+# Values at the edges of the vector kernels' ranges: zeros of both signs, subnormals, the
+# points where erf and log switch method, near multiples of π/2, past the 65536 where sin
+# and cos hand lanes to libm, ±inf and NaN.
+EDGES = [0.0, -0.0, 1e-40, -1e-40, 1e-30, 0.9999999, 1.0, 1.0000001, -1.0, 1.4142135]
+EDGES += [1.5707964, 3.1415927, 100.0, 65535.9, 65536.5, 1e6, -3e7, 1e30]
+EDGES += [float("inf"), -float("inf"), float("nan"), 88.7, -87.5, 20.0, -20.0]
+
+
+@pytest.mark.parametrize("name", ["cos", "erf", "exp", "log", "sin", "tanh", "sigmoid", "gelu"])
+def test_transcendentals_at_edge_values(name, backend):
+    fn = UNARY.get(name) or POSITIVE[name]
+    # Far and near values share vectors; odd length for a tail.
+    x = torch.tensor(EDGES + [-v for v in EDGES] + [0.5, 2.0, -3.0])
+    check(fn, [x], backend, new_inputs=[rand(37, low=-200, high=200)])
+
+
 def test_unary_on_noncontiguous_and_0d(backend):
     check(lambda x, s: torch.exp(x.t()) + torch.tanh(s), [rand(6, 4), rand()], backend)
 

@@ -48,6 +48,43 @@ pub(crate) mod consts {
         1.000_023_7,
         -1.265_512_2,
     ];
+    pub const TWO_POW_23: f32 = 8_388_608.0;
+    /// ln(1 + f) = f - f²/2 + f³·p(f) for f in [√½ - 1, √2 - 1] (Cephes' `logf`).
+    pub const LOG_POLY: [f32; 9] = [
+        7.037_683_6e-2,
+        -1.151_461_0e-1,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_5e-1,
+        -2.499_999_4e-1,
+        3.333_333_1e-1,
+    ];
+    /// erf(x) = x·p(x²) for |x| < 1: a weighted least-squares fit of erf(x)/x (relative
+    /// error 1.2e-9 in f64). The last coefficient is the fit's, an ulp under 2/√π.
+    #[allow(clippy::approx_constant)]
+    pub const ERF_POLY: [f32; 7] = [
+        7.854_219_4e-5,
+        -8.010_310_7e-4,
+        5.188_342_6e-3,
+        -2.685_382_0e-2,
+        1.128_358_5e-1,
+        -3.761_262_6e-1,
+        1.128_379_1,
+    ];
+    pub const FOUR_OVER_PI: f32 = 1.273_239_5;
+    /// π/4 = HI + MID + LO, each the f32 nearest what is left (residual 5e-24).
+    pub const PIO4_HI: f32 = std::f32::consts::FRAC_PI_4;
+    pub const PIO4_MID: f32 = -2.185_569_4e-8;
+    pub const PIO4_LO: f32 = -8.575_622_6e-16;
+    /// Above this |x| (and for ±inf, NaN) the vector sin/cos hand the lane to libm: the
+    /// quarter-π count stays far inside f32's exact integers below it.
+    pub const TRIG_FAST_MAX: f32 = 65_536.0;
+    /// sin r = r + r·z·p(z), z = r², for |r| ≤ π/4 (Cephes' `sinf`).
+    pub const SIN_POLY: [f32; 3] = [-1.951_529_6e-4, 8.332_160_9e-3, -1.666_665_5e-1];
+    /// cos r = 1 - z/2 + z²·p(z), z = r², for |r| ≤ π/4 (Cephes' `cosf`).
+    pub const COS_POLY: [f32; 3] = [2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2];
 }
 use consts::*;
 

@@ -466,6 +466,10 @@ mod x86 {
                         Kernel::Silu => each!(|x| i(vm::silu(unshifted(f(*x))))),
                         Kernel::Gelu => each!(|x| i(vm::gelu(unshifted(f(*x))))),
                         Kernel::GeluTanh => each!(|x| i(vm::gelu_tanh(unshifted(f(*x))))),
+                        Kernel::Log => each!(|x| i(vm::log(unshifted(f(*x))))),
+                        Kernel::Erf => each!(|x| i(vm::erf(unshifted(f(*x))))),
+                        Kernel::Sin => each!(|x| i(vm::sin(unshifted(f(*x))))),
+                        Kernel::Cos => each!(|x| i(vm::cos(unshifted(f(*x))))),
                     },
                     // `saturate_to_i32`: out of range and NaN convert to i32::MIN; the two
                     // that differ are fixed.

@@ -181,17 +181,17 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Trunc => f!(|c: T::C| c.trunc()),
         Exp => v!(Kernel::Exp, |c: T::C| c.fast_exp()),
         Expm1 => f!(|c: T::C| c.exp_m1()),
-        Log => f!(|c: T::C| c.ln()),
+        Log => v!(Kernel::Log, |c: T::C| c.ln()),
         Log1p => f!(|c: T::C| c.ln_1p()),
         Sqrt => f!(|c: T::C| c.sqrt()),
         Rsqrt => f!(|c: T::C| one / c.sqrt()),
         Recip => f!(|c: T::C| one / c),
-        Sin => f!(|c: T::C| c.sin()),
-        Cos => f!(|c: T::C| c.cos()),
+        Sin => v!(Kernel::Sin, |c: T::C| c.sin()),
+        Cos => v!(Kernel::Cos, |c: T::C| c.cos()),
         Tan => f!(|c: T::C| c.tan()),
         Tanh => v!(Kernel::Tanh, |c: T::C| c.fast_tanh()),
         Sigmoid => v!(Kernel::Sigmoid, |c: T::C| c.fast_sigmoid()),
-        Erf => f!(|c: T::C| c.erf()),
+        Erf => v!(Kernel::Erf, |c: T::C| c.erf()),
         Gelu => {
             let (half, rs2) = (of(0.5), of(std::f64::consts::FRAC_1_SQRT_2));
             v!(Kernel::Gelu, |c: T::C| c
