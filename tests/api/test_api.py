@@ -116,6 +116,24 @@ def test_wrong_input_shape_and_dtype_raise_input_error():
         fast.run_flat([rand(3, 4), rand(3, 4)])
 
 
+def test_inputs_a_cpu_program_cannot_read_raise_input_error():
+    """The fast path that reads inputs hands anything unusual to the checks that name it."""
+    lin = torch.nn.Linear(4, 2).eval()
+    fast = ember.compile(lin, rand(3, 4))
+    with pytest.raises(ember.InputError, match="must be a tensor"):
+        fast.run_flat([[1.0, 2.0, 3.0, 4.0]])
+    with pytest.raises(ember.InputError, match="sparse_coo.*dense"):
+        fast(rand(3, 4).to_sparse())
+    with pytest.raises(ember.InputError, match="meta"):
+        fast(torch.empty(3, 4, device="meta"))
+    with pytest.raises(ember.InputError, match="complex64"):
+        fast(torch.zeros(3, 4, dtype=torch.complex64))
+    # The same program still runs on a good input afterwards.
+    x = rand(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), lin(x))
+
+
 def test_compile_pt2_archive(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 2))
     x = rand(3, 6)
