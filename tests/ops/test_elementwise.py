@@ -58,7 +58,10 @@ EDGES += [1.5707964, 3.1415927, 100.0, 65535.9, 65536.5, 1e6, -3e7, 1e30]
 EDGES += [float("inf"), -float("inf"), float("nan"), 88.7, -87.5, 20.0, -20.0]
 
 
-@pytest.mark.parametrize("name", ["cos", "erf", "exp", "log", "sin", "tanh", "sigmoid", "gelu"])
+EDGE_OPS = ["cos", "erf", "exp", "expm1", "gelu", "log", "log1p", "sigmoid", "sin", "tan", "tanh"]
+
+
+@pytest.mark.parametrize("name", EDGE_OPS)
 def test_transcendentals_at_edge_values(name, backend):
     fn = UNARY.get(name) or POSITIVE[name]
     # Far and near values share vectors; odd length for a tail.

@@ -1,11 +1,14 @@
 //! AVX2+FMA slice kernels for the f32 transcendental ops: exp, log, tanh, sigmoid, SiLU,
-//! both GELUs, erf, sin and cos, sixteen lanes at a time where the CPU has AVX-512F (twice the work per
-//! instruction: GELU was a tenth of the MLP benchmark at eight lanes). They evaluate
-//! `fastmath`'s approximations (same range reductions, same polynomials) with fused
-//! multiply-adds and four vectors in flight; both widths run the same operations in the
-//! same order, so they agree bit for bit. The auto-vectorized
-//! scalar code is one latency-bound chain of ~100 dependent operations per vector (GELU:
-//! a division, a degree-9 polynomial and an exp), which ran at ~3 ns per element.
+//! both GELUs, erf, sin, cos, tan, expm1 and log1p, sixteen lanes at a time where the CPU
+//! has AVX-512F (twice the work per instruction: GELU was a tenth of the MLP benchmark at
+//! eight lanes). Exp, tanh, sigmoid, SiLU and the GELUs evaluate `fastmath`'s
+//! approximations (same range reductions, same polynomials); log, erf, sin, cos, tan,
+//! expm1 and log1p have no `fastmath` form (elsewhere they are libm's, one element at a
+//! time, 3-10x slower than eager) and are tested against libm. All run with fused
+//! multiply-adds and several vectors in flight; both widths run the same operations in the
+//! same order, so they agree bit for bit. The auto-vectorized scalar code is one
+//! latency-bound chain of ~100 dependent operations per vector (GELU: a division, a
+//! degree-9 polynomial and an exp), which ran at ~3 ns per element.
 //!
 //! Every element goes through the same vector code (the tail through masked lanes), so an
 //! element's result does not depend on where it sits in a slice: fused and unfused
@@ -30,6 +33,11 @@ pub enum Kernel {
     Erf,
     Sin,
     Cos,
+    Tan,
+    /// e^x - 1.
+    Expm1,
+    /// ln(1 + x).
+    Log1p,
 }
 
 impl Kernel {
@@ -47,6 +55,9 @@ impl Kernel {
             U::Erf => Some(Kernel::Erf),
             U::Sin => Some(Kernel::Sin),
             U::Cos => Some(Kernel::Cos),
+            U::Tan => Some(Kernel::Tan),
+            U::Expm1 => Some(Kernel::Expm1),
+            U::Log1p => Some(Kernel::Log1p),
             _ => None,
         }
     }
@@ -77,6 +88,9 @@ impl Kernel {
             Kernel::Erf => libm::erff(x),
             Kernel::Sin => libm::sinf(x),
             Kernel::Cos => libm::cosf(x),
+            Kernel::Tan => libm::tanf(x),
+            Kernel::Expm1 => libm::expm1f(x),
+            Kernel::Log1p => libm::log1pf(x),
         }
     }
 }
@@ -188,6 +202,9 @@ macro_rules! vector_math {
                 Kernel::Erf => each!(erf),
                 Kernel::Sin => each!(sin),
                 Kernel::Cos => each!(cos),
+                Kernel::Tan => each!(tan),
+                Kernel::Expm1 => each!(expm1),
+                Kernel::Log1p => each!(log1p),
             }
         }
 
@@ -416,6 +433,56 @@ macro_rules! vector_math {
             let v = select(izero(iand(j, isplat(2))), c, s);
             let sign = from_bits(shl29(iand(iadd(j, isplat(2)), isplat(4))));
             far_lanes(a, x, xor(v, sign), libm::cosf)
+        }
+
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(crate) fn tan(x: V) -> V {
+            let a = abs(x);
+            let (r, j) = reduce_quarter_pi(a);
+            let (s, c) = sin_cos_poly(r);
+            // j ≡ 2 (mod 4): tan(π/2 + r) = -cos r / sin r; odd in x.
+            let near_zero = izero(iand(j, isplat(2)));
+            let v = div(
+                select(near_zero, s, c),
+                select(near_zero, c, xor(s, splat(-0.0))),
+            );
+            far_lanes(a, x, xor(v, and(x, splat(-0.0))), libm::tanf)
+        }
+
+        /// e^x - 1 without cancellation: x = n·ln2 + r as in `exp`, e^r - 1 from exp's
+        /// polynomial, then 2^n·(e^r - 1) + (2^n - 1) with one rounding. Lanes above 80 (where
+        /// 2^n would overflow; e^x - 1 is e^x there) go through libm.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(crate) fn expm1(x: V) -> V {
+            let xc = max(min(x, splat(80.0)), splat(-87.0));
+            let k = fmadd(xc, splat(c::LOG2E), splat(c::ROUND_MAGIC));
+            let n = sub(k, splat(c::ROUND_MAGIC));
+            let r = fnmadd(n, splat(c::LN2_HI), xc);
+            let r = fnmadd(n, splat(c::LN2_LO), r);
+            let em1r = fmadd(horner(r, c::EXP_POLY), mul(r, r), r);
+            let p = pow2(isub(to_bits(k), isplat(c::ROUND_MAGIC.to_bits() as i32)));
+            let y = fmadd(p, em1r, sub(p, splat(1.0)));
+            let big = gt(x, splat(80.0));
+            let y = if any(big) {
+                select(big, each_lane(x, libm::expm1f), y)
+            } else {
+                y
+            };
+            select(unordered(x), x, y)
+        }
+
+        /// ln(1 + x) as ln(u)·x/(u - 1) for u = 1 + x, which cancels the rounding of u
+        /// (Kahan); x itself where u rounds to 1.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        pub(crate) fn log1p(x: V) -> V {
+            let u = add(x, splat(1.0));
+            let y = mul(log(u), div(x, sub(u, splat(1.0))));
+            let y = select(eq(u, splat(1.0)), x, y);
+            let y = select(eq(x, splat(f32::INFINITY)), x, y);
+            select(unordered(x), x, y)
         }
     };
 }
@@ -709,7 +776,7 @@ pub(crate) mod x86_512 {
 mod tests {
     use super::*;
 
-    pub(super) const ALL: [Kernel; 10] = [
+    pub(super) const ALL: [Kernel; 13] = [
         Kernel::Exp,
         Kernel::Tanh,
         Kernel::Sigmoid,
@@ -720,6 +787,9 @@ mod tests {
         Kernel::Erf,
         Kernel::Sin,
         Kernel::Cos,
+        Kernel::Tan,
+        Kernel::Expm1,
+        Kernel::Log1p,
     ];
 
     fn reference(k: Kernel, x: f64) -> f64 {
@@ -738,6 +808,9 @@ mod tests {
             Kernel::Erf => libm::erf(x),
             Kernel::Sin => x.sin(),
             Kernel::Cos => x.cos(),
+            Kernel::Tan => x.tan(),
+            Kernel::Expm1 => x.exp_m1(),
+            Kernel::Log1p => x.ln_1p(),
         }
     }
 

@@ -470,6 +470,9 @@ mod x86 {
                         Kernel::Erf => each!(|x| i(vm::erf(unshifted(f(*x))))),
                         Kernel::Sin => each!(|x| i(vm::sin(unshifted(f(*x))))),
                         Kernel::Cos => each!(|x| i(vm::cos(unshifted(f(*x))))),
+                        Kernel::Tan => each!(|x| i(vm::tan(unshifted(f(*x))))),
+                        Kernel::Expm1 => each!(|x| i(vm::expm1(unshifted(f(*x))))),
+                        Kernel::Log1p => each!(|x| i(vm::log1p(unshifted(f(*x))))),
                     },
                     // `saturate_to_i32`: out of range and NaN convert to i32::MIN; the two
                     // that differ are fixed.
