@@ -172,6 +172,13 @@ pub fn execute(
                     .and_then(|()| dest.finish())
                     .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
             }
+            (Role::Plain, Op::Pool { .. }) if pool::pool_in_place(node.ty.dtype) => {
+                let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
+                value(&vals, node.inputs[0])
+                    .and_then(|x| pool::pool_into(x, &pool_params(&node.op)?, &mut dest))
+                    .and_then(|()| dest.finish())
+                    .map_err(|e| e.at_node(&node.op.name(), &node.origin))?
+            }
             (Role::Plain, op) if writes_rows_into(op, plan.shapes[id].len()) => {
                 let mut dest = arena.dest(node.ty.dtype, &plan.shapes[id], direct[id]);
                 rows_into(node, &vals, &mut dest)
@@ -240,6 +247,27 @@ fn value(vals: &[Option<Val>], i: usize) -> KResult<&Val> {
     vals[i]
         .as_ref()
         .ok_or_else(|| CpuError::Internal(format!("value %{i} is gone")))
+}
+
+/// A pooling node's window (the op must be `Op::Pool`).
+fn pool_params(op: &Op) -> KResult<pool::Params<'_>> {
+    match op {
+        Op::Pool {
+            kind,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ..
+        } => Ok(pool::Params {
+            kind: *kind,
+            kernel,
+            stride,
+            padding,
+            dilation,
+        }),
+        op => Err(CpuError::Internal(format!("{} is not a pool", op.name()))),
+    }
 }
 
 /// Row-wise kernels that write a contiguous result of their input's shape into an arena
@@ -560,22 +588,6 @@ pub(crate) fn eval(
             };
             conv::conv(arg(0)?, arg(1)?, bias, &p, shape, threads)
         }
-        Op::Pool {
-            kind,
-            kernel,
-            stride,
-            padding,
-            dilation,
-            ..
-        } => {
-            let p = pool::Params {
-                kind: *kind,
-                kernel,
-                stride,
-                padding,
-                dilation,
-            };
-            pool::pool(arg(0)?, &p, shape)
-        }
+        Op::Pool { .. } => pool::pool(arg(0)?, &pool_params(&node.op)?, shape),
     }
 }

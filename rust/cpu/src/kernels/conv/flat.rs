@@ -16,7 +16,7 @@
 //! vectors, a broadcast of the weight and `V` loads of the input per step of k (every tap
 //! of every input channel). Stores are masked per output row a vector touches.
 
-use super::{fill_channels, for_shares, with_padded, Geom, OutPtr};
+use super::{fill_channels, for_shares, with_padded, Geom, OutPtr, PhaseCols};
 use crate::kernels::sgemm::{Packed, MR};
 use crate::kernels::window::Axis;
 
@@ -235,33 +235,6 @@ impl Layout {
             starts[v + 1] += starts[v];
         }
         (segs, starts)
-    }
-}
-
-/// Which columns of a phase row along `w` hold input (`q0..q1`, from input index `first`
-/// on, every `stride`-th); the rest are padding. Fixed per phase: computing it per row (two
-/// divisions) was most of the copy's time.
-#[derive(Clone, Copy)]
-struct PhaseCols {
-    q0: usize,
-    q1: usize,
-    first: usize,
-}
-
-impl PhaseCols {
-    /// Column q of phase `r` (of `cols` columns) holds input q·stride + r - pad.
-    fn new(w: &Axis, r: usize, cols: usize) -> PhaseCols {
-        let s = w.stride;
-        let q0 = w.pad.saturating_sub(r).div_ceil(s).min(cols);
-        let q1 = (w.len + w.pad)
-            .saturating_sub(r)
-            .div_ceil(s)
-            .clamp(q0, cols);
-        PhaseCols {
-            q0,
-            q1,
-            first: (q0 * s + r).saturating_sub(w.pad),
-        }
     }
 }
 

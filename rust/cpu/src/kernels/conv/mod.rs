@@ -96,6 +96,33 @@ fn for_shares(
     }
 }
 
+/// Which columns of a phase row along `w` hold input (`q0..q1`, from input index `first`
+/// on, every `stride`-th); the rest are padding. Fixed per phase: computing it per row (two
+/// divisions) was most of the copy's time.
+#[derive(Clone, Copy)]
+pub(super) struct PhaseCols {
+    pub q0: usize,
+    pub q1: usize,
+    pub first: usize,
+}
+
+impl PhaseCols {
+    /// Column q of phase `r` (of `cols` columns) holds input q·stride + r - pad.
+    pub fn new(w: &Axis, r: usize, cols: usize) -> PhaseCols {
+        let s = w.stride;
+        let q0 = w.pad.saturating_sub(r).div_ceil(s).min(cols);
+        let q1 = (w.len + w.pad)
+            .saturating_sub(r)
+            .div_ceil(s)
+            .clamp(q0, cols);
+        PhaseCols {
+            q0,
+            q1,
+            first: (q0 * s + r).saturating_sub(w.pad),
+        }
+    }
+}
+
 /// A conv's output, shared so that tasks write disjoint outputs of one exclusively
 /// borrowed buffer.
 struct OutPtr(*mut f32);

@@ -13,7 +13,7 @@
 //! The padded copy costs about one pass over the input; output rows narrower than 8 leave
 //! lanes idle, so `suits` keeps narrow outputs on the im2col path.
 
-use super::{fill_channels, for_shares, with_padded, Geom, OutPtr};
+use super::{fill_channels, for_shares, with_padded, Geom, OutPtr, PhaseCols};
 use crate::kernels::sgemm::{Packed, MR};
 
 /// Lanes per vector: outputs along the last spatial axis that one load covers.
@@ -102,6 +102,9 @@ impl Layout {
         for l in 0..w.kernel {
             used_phase[l * w.dilation % w.stride] = true;
         }
+        let cols: Vec<PhaseCols> = (0..w.stride)
+            .map(|phi| PhaseCols::new(w, phi, self.phase))
+            .collect();
         let channel = |c: usize, dst: &mut [f32]| {
             let xc = &x[c * ip..(c + 1) * ip];
             for rd in (0..rows_d).filter(|&r| used_d[r]) {
@@ -109,38 +112,29 @@ impl Layout {
                 for rh in (0..rows_h).filter(|&r| used_h[r]) {
                     let ih = rh as isize - h.pad as isize;
                     let out = &mut dst[rd * self.plane + rh * self.row..][..self.row];
+                    // SAFETY: `conv_shifted` runs only where AVX2 is present.
+                    unsafe { x86::zero(out) };
                     if id < 0 || id as usize >= d.len || ih < 0 || ih as usize >= h.len {
-                        out.fill(0.0);
                         continue;
                     }
                     let src = &xc[(id as usize * h.len + ih as usize) * w.len..][..w.len];
-                    if w.stride == 1 {
-                        let lead = w.pad.min(out.len());
-                        out[..lead].fill(0.0);
-                        let n = w.len.min(out.len() - lead);
-                        out[lead..lead + n].copy_from_slice(&src[..n]);
-                        out[lead + n..].fill(0.0);
-                        continue;
-                    }
-                    let s = w.stride;
                     for (phi, part) in out.chunks_mut(self.phase).enumerate() {
-                        if !used_phase[phi] {
+                        let PhaseCols { q0, q1, first } = cols[phi];
+                        if !used_phase[phi] || q0 == q1 {
                             continue;
                         }
-                        // Column q of this phase is input q·s + phi - pad: columns q0..q1
-                        // are inside the row, the rest padding. (A per-column bounds test
-                        // made this fill a third of a stride-2 conv.)
-                        let q0 = w.pad.saturating_sub(phi).div_ceil(s).min(part.len());
-                        let q1 = (w.len + w.pad)
-                            .saturating_sub(phi)
-                            .div_ceil(s)
-                            .clamp(q0, part.len());
-                        part[..q0].fill(0.0);
-                        part[q1..].fill(0.0);
-                        if q0 < q1 {
-                            let first = q0 * s + phi - w.pad;
-                            for (v, c) in part[q0..q1].iter_mut().zip(src[first..].chunks(s)) {
-                                *v = c[0];
+                        let (part, src) = (&mut part[q0..q1], &src[first..]);
+                        // SAFETY: AVX2 present (as above); `PhaseCols` keeps column q1 - 1
+                        // inside the row: (q1 - 1 - q0)·stride + first < w.len.
+                        unsafe {
+                            match w.stride {
+                                1 => x86::copy(&src[..part.len()], part),
+                                2 => x86::every_other(src, part),
+                                s => {
+                                    for (v, c) in part.iter_mut().zip(src.chunks(s)) {
+                                        *v = c[0];
+                                    }
+                                }
                             }
                         }
                     }
@@ -292,6 +286,87 @@ mod x86 {
     use crate::kernels::sgemm::MR;
     use std::arch::x86_64::*;
 
+    /// Zeroes `out` (at least 8 floats) with whole vectors, the last one overlapping: a
+    /// padded row is a few vectors, and the library `memset` call per row cost more than the
+    /// stores.
+    ///
+    /// # Safety
+    /// AVX2 present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn zero(out: &mut [f32]) {
+        let (n, p) = (out.len(), out.as_mut_ptr());
+        assert!(n >= LANES, "a padded row holds at least one vector");
+        // SAFETY: every store covers [i, i + 8) with i + 8 <= n.
+        unsafe {
+            for i in (0..n - LANES).step_by(LANES) {
+                _mm256_storeu_ps(p.add(i), _mm256_setzero_ps());
+            }
+            _mm256_storeu_ps(p.add(n - LANES), _mm256_setzero_ps());
+        }
+    }
+
+    /// `out.copy_from_slice(src)` in whole vectors (the last one overlapping), inline.
+    ///
+    /// # Safety
+    /// AVX2 present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn copy(src: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        assert_eq!(src.len(), n, "copy of another length");
+        if n < LANES {
+            return out.copy_from_slice(src);
+        }
+        let (s, o) = (src.as_ptr(), out.as_mut_ptr());
+        // SAFETY: every load and store covers [i, i + 8) with i + 8 <= n.
+        unsafe {
+            for i in (0..n - LANES).step_by(LANES) {
+                _mm256_storeu_ps(o.add(i), _mm256_loadu_ps(s.add(i)));
+            }
+            _mm256_storeu_ps(o.add(n - LANES), _mm256_loadu_ps(s.add(n - LANES)));
+        }
+    }
+
+    /// `out[i] = src[2i]`: 8 outputs from two loads, a shuffle picking the wanted lanes of
+    /// each 128-bit half and a permute joining the halves; the last 8 overlap the previous
+    /// ones. (A scalar gather was a quarter of a stride-2 conv's time; a scalar tail, half
+    /// of a 16-column phase row.)
+    ///
+    /// # Safety
+    /// AVX2 present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn every_other(src: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        assert!(
+            n == 0 || src.len() > 2 * (n - 1),
+            "phase row reads past the input row"
+        );
+        if n < LANES {
+            for (j, v) in out.iter_mut().enumerate() {
+                *v = src[2 * j];
+            }
+            return;
+        }
+        let (s, o) = (src.as_ptr(), out.as_mut_ptr());
+        // Outputs [i, i + 8) are src[2i], …, src[2i + 14]: the second load starts at 2i + 7
+        // (not 2i + 8) so that it ends at src[2i + 14], inside src even for the last block.
+        let block = |i: usize| {
+            // SAFETY: i + 8 <= n, so the loads cover [2i, 2i + 15) within src (whose length
+            // is at least 2n - 1) and the store [i, i + 8) within out.
+            unsafe {
+                let lo = _mm256_loadu_ps(s.add(2 * i));
+                let hi = _mm256_loadu_ps(s.add(2 * i + 7));
+                // [lo0 lo2 hi1 hi3 | lo4 lo6 hi5 hi7] → [lo0 lo2 lo4 lo6 hi1 hi3 hi5 hi7].
+                let picked = _mm256_shuffle_ps::<0b11_01_10_00>(lo, hi);
+                let joined = _mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(picked));
+                _mm256_storeu_ps(o.add(i), _mm256_castpd_ps(joined));
+            }
+        };
+        for i in (0..n - LANES).step_by(LANES) {
+            block(i);
+        }
+        block(n - LANES);
+    }
+
     /// Runs the tile for `rows` (1..=MR) output channels and `v` (1..=4) vectors.
     ///
     /// # Safety
@@ -419,6 +494,21 @@ mod x86 {
 mod x86 {
     use super::{Steps, Vector};
 
+    /// Never called, as `dispatch`.
+    pub unsafe fn zero(_out: &mut [f32]) {
+        unreachable!("the shifted conv runs only where sgemm::available() is true");
+    }
+
+    /// Never called, as `dispatch`.
+    pub unsafe fn copy(_src: &[f32], _out: &mut [f32]) {
+        unreachable!("the shifted conv runs only where sgemm::available() is true");
+    }
+
+    /// Never called, as `dispatch`.
+    pub unsafe fn every_other(_src: &[f32], _out: &mut [f32]) {
+        unreachable!("the shifted conv runs only where sgemm::available() is true");
+    }
+
     /// Never called: the kernel runs only where `sgemm::available()` holds (x86-64).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn dispatch(
@@ -449,6 +539,30 @@ mod tests {
         // up in the result.
         testing::check_cases(
             &testing::odd_geometries(),
+            conv_shifted,
+            testing::Weights::Left,
+            testing::poison_scratch,
+        );
+    }
+
+    #[test]
+    fn matches_the_definition_with_stride_two() {
+        if !crate::kernels::sgemm::available() {
+            return;
+        }
+        // Phase rows of exactly 8 columns (the deinterleave's loads end on the row's last
+        // input), of 16 and 24 (a block ending short of the row), 1×1 convs reading one
+        // phase, and padding of 2.
+        let cases: Vec<testing::Case> = vec![
+            (3, 8, vec![8, 16], vec![3, 3], 2, 1, 1),
+            (5, 7, vec![9, 32], vec![3, 3], 2, 1, 1),
+            (4, 6, vec![5, 47], vec![3, 3], 2, 1, 1),
+            (6, 5, vec![6, 34], vec![1, 1], 2, 1, 0),
+            (2, 9, vec![7, 30], vec![5, 5], 2, 1, 2),
+        ];
+        assert!(cases.iter().all(|c| suits(&testing::geom(c).0)));
+        testing::check_cases(
+            &cases,
             conv_shifted,
             testing::Weights::Left,
             testing::poison_scratch,

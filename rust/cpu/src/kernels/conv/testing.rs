@@ -190,6 +190,12 @@ pub fn speed(kernel: Kernel, how: Weights) {
         (32, 64, 32, 2),
         (256, 256, 7, 1),
     ] {
+        // EMBER_SPEED_ONLY=32-64 times only the shapes whose `cg-og` label contains it.
+        if let Ok(only) = std::env::var("EMBER_SPEED_ONLY") {
+            if !format!("{cg}-{og}-{hw}-s{s}").contains(&only) {
+                continue;
+            }
+        }
         let (g, [xs, ws]) = geom(&(cg, og, vec![hw, hw], vec![3, 3], s, 1, 1));
         let x = data(xs.iter().product(), 1);
         let w = data(ws.iter().product(), 2);

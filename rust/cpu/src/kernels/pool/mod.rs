@@ -6,10 +6,13 @@ use ember_core::dtype::DType;
 use ember_core::ir::PoolKind;
 
 #[cfg(target_arch = "x86_64")]
+mod max256;
+#[cfg(target_arch = "x86_64")]
 mod max512;
 
 use super::elementwise::cast;
 use super::window::{size, three, Axis};
+use crate::arena::Dest;
 use crate::buffer::Val;
 use crate::elem::{as_f32, as_f32_mut, Real};
 use crate::error::{CpuError, KResult};
@@ -25,19 +28,42 @@ pub struct Params<'a> {
 
 pub fn pool(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
     match x.dtype {
-        DType::F32 => pool_t::<f32>(x, p, out),
-        DType::F64 => pool_t::<f64>(x, p, out),
+        DType::F32 => Val::build::<f32>(x.dtype, out, |y| pool_t(x, p, out, y)),
+        DType::F64 => Val::build::<f64>(x.dtype, out, |y| pool_t(x, p, out, y)),
         // Half types go through f32 (exact for max; one rounding for the average).
-        DType::F16 | DType::BF16 => cast(&pool_t::<f32>(&cast(x, DType::F32)?, p, out)?, x.dtype),
+        DType::F16 | DType::BF16 => cast(&pool(&cast(x, DType::F32)?, p, out)?, x.dtype),
         other => Err(CpuError::Unsupported(format!("pooling of {other}"))),
     }
 }
 
-fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
+/// Whether `pool_into` takes this dtype (the half types go through `pool`'s f32 copy).
+pub fn pool_in_place(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F64)
+}
+
+/// The pool written into `dest` (an arena or caller buffer, any contents: every output is
+/// written), not into a fresh zeroed buffer, whose page faults were a third of the
+/// benchmark CNN's max pool.
+pub fn pool_into(x: &Val, p: &Params, dest: &mut Dest) -> KResult<()> {
+    let out = dest.shape.clone();
+    match (x.dtype, dest.dtype) {
+        (DType::F32, DType::F32) => pool_t::<f32>(x, p, &out, dest.slice()?),
+        (DType::F64, DType::F64) => pool_t::<f64>(x, p, &out, dest.slice()?),
+        (a, b) => Err(CpuError::Internal(format!("pooling of {a} into {b}"))),
+    }
+}
+
+/// The pool of `x` into `y` (contiguous, of shape `out`; every element written).
+fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize], y: &mut [T]) -> KResult<()> {
     let k = p.kernel.len();
     let xs = x.shape();
     if xs.len() < k + 1 || out.len() != xs.len() || out[..xs.len() - k] != xs[..xs.len() - k] {
         return Err(CpuError::Shape(format!("pool{k}d of {xs:?} to {out:?}")));
+    }
+    if y.len() != out.iter().product::<usize>() {
+        return Err(CpuError::Internal(format!(
+            "pool{k}d output buffer for {out:?}"
+        )));
     }
     let lead = xs.len() - k;
     let mut axes = Vec::with_capacity(k);
@@ -78,26 +104,26 @@ fn pool_t<T: Real>(x: &Val, p: &Params, out: &[usize]) -> KResult<Val> {
                 .collect()
         })
         .collect();
-    Val::build::<T>(x.dtype, out, |y| {
-        if op == 0 || ip == 0 {
-            return Ok(());
+    if op == 0 || ip == 0 {
+        // Nothing to read (the zeros a fresh buffer held before results were written in place).
+        y.fill(T::ZERO);
+        return Ok(());
+    }
+    // Chunks of whole planes, a few per thread.
+    let planes = y.len() / op;
+    let per = planes.div_ceil(par::threads() * 4).max(1);
+    par::for_chunks_mut(y, per * op, |start, ys| {
+        if matches!(p.kind, PoolKind::Max) {
+            let first = start / op;
+            return max_planes(&a, &xv[first * ip..(first + ys.len() / op) * ip], ys, &taps);
         }
-        // Chunks of whole planes, a few per thread.
-        let planes = y.len() / op;
-        let per = planes.div_ceil(par::threads() * 4).max(1);
-        par::for_chunks_mut(y, per * op, |start, ys| {
-            if matches!(p.kind, PoolKind::Max) {
-                let first = start / op;
-                return max_planes(&a, &xv[first * ip..(first + ys.len() / op) * ip], ys, &taps);
-            }
-            for (i, yp) in ys.chunks_mut(op).enumerate() {
-                let plane = start / op + i;
-                let xp = &xv[plane * ip..(plane + 1) * ip];
-                plane_rows(p.kind, &a, xp, yp, &taps, &padded);
-            }
-        });
-        Ok(())
-    })
+        for (i, yp) in ys.chunks_mut(op).enumerate() {
+            let plane = start / op + i;
+            let xp = &xv[plane * ip..(plane + 1) * ip];
+            plane_rows(p.kind, &a, xp, yp, &taps, &padded);
+        }
+    });
+    Ok(())
 }
 
 /// Per axis and output: the taps that land inside the input (`Axis::valid_taps`).
@@ -183,7 +209,7 @@ fn plane_rows<T: Real>(
 }
 
 /// Max pooling of consecutive planes (`xs`: their inputs, `ys`: their outputs): f32 with a
-/// width stride of 1 or 2 on AVX-512 in `max512`; otherwise here, in an AVX2 copy where the
+/// width stride of 1 or 2 on AVX-512 in `max512`, on AVX2 in `max256`; otherwise here, in an AVX2 copy where the
 /// CPU has it (8 lanes, and three-operand selects: the SSE2 build spends as many moves as
 /// selects).
 fn max_planes<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(usize, usize)>]) {
@@ -192,6 +218,13 @@ fn max_planes<T: Real>(a: &[Axis; 3], xs: &[T], ys: &mut [T], taps: &[Vec<(usize
         if let (Some(xs), Some(ys)) = (as_f32(xs), as_f32_mut(ys)) {
             // SAFETY: the CPU has AVX-512F and the stride and kernels fit (`suits`, above).
             return unsafe { max512::max_planes(a, xs, ys, taps) };
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if max256::suits(a) && a.iter().all(|a| a.kernel > 0) {
+        if let (Some(xs), Some(ys)) = (as_f32(xs), as_f32_mut(ys)) {
+            // SAFETY: the CPU has AVX2 and the stride and kernels fit (`suits`, above).
+            return unsafe { max256::max_planes(a, xs, ys, taps) };
         }
     }
     #[cfg(target_arch = "x86_64")]
