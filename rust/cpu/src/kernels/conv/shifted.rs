@@ -81,7 +81,7 @@ impl Layout {
     /// Writes the zero-padded, phase-split copy of `x` (`cg` channels of the input plane)
     /// into `buf` (`cg · chan` floats).
     /// Rows, planes and phases no tap reads (a strided 1×1 conv reads one row in `stride`
-    /// and one phase) are left unwritten.
+    /// and one phase) are left zero, not copied.
     /// With `threads`, channels are split between them (as `flat`'s copy).
     fn fill(&self, g: &Geom, x: &[f32], buf: &mut [f32], threads: usize) {
         let [d, h, w] = &g.ax;
@@ -102,38 +102,39 @@ impl Layout {
         for l in 0..w.kernel {
             used_phase[l * w.dilation % w.stride] = true;
         }
+        // Input index of padded row `r` along `a`, if it is not padding.
+        let inside = |r: usize, a: &crate::kernels::window::Axis| {
+            r.checked_sub(a.pad).filter(|&i| i < a.len)
+        };
         let cols: Vec<PhaseCols> = (0..w.stride)
             .map(|phi| PhaseCols::new(w, phi, self.phase))
             .collect();
         let channel = |c: usize, dst: &mut [f32]| {
+            // One zeroing pass over the channel (a single `memset`), then the input rows over
+            // it: zeroing each padded row was a library call per row (LLVM turns a short
+            // loop of stores into `memset`), slower than the extra stores.
+            dst.fill(0.0);
             let xc = &x[c * ip..(c + 1) * ip];
             for rd in (0..rows_d).filter(|&r| used_d[r]) {
-                let id = rd as isize - d.pad as isize;
+                let Some(id) = inside(rd, d) else { continue };
                 for rh in (0..rows_h).filter(|&r| used_h[r]) {
-                    let ih = rh as isize - h.pad as isize;
+                    let Some(ih) = inside(rh, h) else { continue };
                     let out = &mut dst[rd * self.plane + rh * self.row..][..self.row];
-                    // SAFETY: `conv_shifted` runs only where AVX2 is present.
-                    unsafe { x86::zero(out) };
-                    if id < 0 || id as usize >= d.len || ih < 0 || ih as usize >= h.len {
-                        continue;
-                    }
-                    let src = &xc[(id as usize * h.len + ih as usize) * w.len..][..w.len];
+                    let src = &xc[(id * h.len + ih) * w.len..][..w.len];
                     for (phi, part) in out.chunks_mut(self.phase).enumerate() {
                         let PhaseCols { q0, q1, first } = cols[phi];
                         if !used_phase[phi] || q0 == q1 {
                             continue;
                         }
                         let (part, src) = (&mut part[q0..q1], &src[first..]);
-                        // SAFETY: AVX2 present (as above); `PhaseCols` keeps column q1 - 1
-                        // inside the row: (q1 - 1 - q0)·stride + first < w.len.
-                        unsafe {
-                            match w.stride {
-                                1 => x86::copy(&src[..part.len()], part),
-                                2 => x86::every_other(src, part),
-                                s => {
-                                    for (v, c) in part.iter_mut().zip(src.chunks(s)) {
-                                        *v = c[0];
-                                    }
+                        match w.stride {
+                            1 => part.copy_from_slice(&src[..part.len()]),
+                            // SAFETY: `conv_shifted` runs only where AVX2 is present;
+                            // `PhaseCols` keeps column q1 - 1 inside the row.
+                            2 => unsafe { x86::every_other(src, part) },
+                            s => {
+                                for (v, c) in part.iter_mut().zip(src.chunks(s)) {
+                                    *v = c[0];
                                 }
                             }
                         }
@@ -285,46 +286,6 @@ mod x86 {
     use super::{Steps, Vector, LANES};
     use crate::kernels::sgemm::MR;
     use std::arch::x86_64::*;
-
-    /// Zeroes `out` (at least 8 floats) with whole vectors, the last one overlapping: a
-    /// padded row is a few vectors, and the library `memset` call per row cost more than the
-    /// stores.
-    ///
-    /// # Safety
-    /// AVX2 present.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn zero(out: &mut [f32]) {
-        let (n, p) = (out.len(), out.as_mut_ptr());
-        assert!(n >= LANES, "a padded row holds at least one vector");
-        // SAFETY: every store covers [i, i + 8) with i + 8 <= n.
-        unsafe {
-            for i in (0..n - LANES).step_by(LANES) {
-                _mm256_storeu_ps(p.add(i), _mm256_setzero_ps());
-            }
-            _mm256_storeu_ps(p.add(n - LANES), _mm256_setzero_ps());
-        }
-    }
-
-    /// `out.copy_from_slice(src)` in whole vectors (the last one overlapping), inline.
-    ///
-    /// # Safety
-    /// AVX2 present.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn copy(src: &[f32], out: &mut [f32]) {
-        let n = out.len();
-        assert_eq!(src.len(), n, "copy of another length");
-        if n < LANES {
-            return out.copy_from_slice(src);
-        }
-        let (s, o) = (src.as_ptr(), out.as_mut_ptr());
-        // SAFETY: every load and store covers [i, i + 8) with i + 8 <= n.
-        unsafe {
-            for i in (0..n - LANES).step_by(LANES) {
-                _mm256_storeu_ps(o.add(i), _mm256_loadu_ps(s.add(i)));
-            }
-            _mm256_storeu_ps(o.add(n - LANES), _mm256_loadu_ps(s.add(n - LANES)));
-        }
-    }
 
     /// `out[i] = src[2i]`: 8 outputs from two loads, a shuffle picking the wanted lanes of
     /// each 128-bit half and a permute joining the halves; the last 8 overlap the previous
@@ -493,16 +454,6 @@ mod x86 {
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
     use super::{Steps, Vector};
-
-    /// Never called, as `dispatch`.
-    pub unsafe fn zero(_out: &mut [f32]) {
-        unreachable!("the shifted conv runs only where sgemm::available() is true");
-    }
-
-    /// Never called, as `dispatch`.
-    pub unsafe fn copy(_src: &[f32], _out: &mut [f32]) {
-        unreachable!("the shifted conv runs only where sgemm::available() is true");
-    }
 
     /// Never called, as `dispatch`.
     pub unsafe fn every_other(_src: &[f32], _out: &mut [f32]) {
