@@ -321,6 +321,31 @@ def test_conv_relu_clamped_in_the_kernel(batch, backend):
     )
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("width", [16, 12, 21])
+def test_conv_residual_add_and_relu_in_the_kernel(batch, width, backend):
+    # A residual block's `relu(conv(x) + bias + skip)`: on AVX2 the shifted-row kernel adds
+    # the skip to its sums before the clamp (rows of 12 and 21 end in part-filled vectors).
+    # With and without a bias, the skip on either side of the add, a stride-2 conv with a
+    # projected skip, and a broadcast skip (not fused: must still match).
+    c1 = nn.Conv2d(16, 16, 3, padding=1).eval()
+    c2 = nn.Conv2d(16, 16, 3, padding=1, bias=False).eval()
+    down = nn.Conv2d(16, 24, 3, stride=2, padding=1).eval()
+    proj = nn.Conv2d(16, 24, 1, stride=2).eval()
+    x = rand(batch, 16, 10, width)
+    x[0, 3, 4, 5] = float("nan")
+    row = rand(width)
+
+    def block(x):
+        a = F.relu(c1(x) + x)
+        b = F.relu(x + c2(a))
+        c = F.relu(down(b) + proj(b))
+        d = F.relu(c1(a) + row)
+        return a, b, c, d
+
+    check(block, [x], backend, **TOL)
+
+
 def test_conv_shifted_rows_in_one_and_three_dims(backend):
     c1 = nn.Conv1d(6, 9, 5, stride=2, padding=2)
     c3 = nn.Conv3d(3, 8, 3, padding=1)

@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 
 use ember_core::dtype::DType;
-use ember_core::ir::{Graph, Op, UnaryOp};
+use ember_core::ir::{BinaryOp, Graph, Op, UnaryOp};
 
 use super::chain::{self, Chain, Run};
 use super::elementwise::{binary_with, cast_with, unary_with, where_with, Apply1, Apply2, Apply3};
@@ -140,6 +140,36 @@ impl<'a> Pass<'a> {
         let slot = self.grp.leaves.iter().position(|&l| l == head.leaf);
         matches!(self.g.nodes[step.node].op, Op::Unary(UnaryOp::Relu))
             && slot.is_some_and(|i| step.args == [i])
+    }
+
+    /// The other operand `r` when the whole pass is `relu(head + r)` (either order) with `r`
+    /// a contiguous f32 value the size of the output, which a conv kernel may add to its
+    /// sums before the clamp (a residual block's second conv).
+    pub fn relu_of_head_plus(&self) -> Option<&[f32]> {
+        let (Some(head), [add, relu]) = (&self.grp.head, &self.grp.steps[..]) else {
+            return None;
+        };
+        let h = self.grp.leaves.iter().position(|&l| l == head.leaf)?;
+        let is_add = matches!(self.g.nodes[add.node].op, Op::Binary(BinaryOp::Add));
+        let is_relu = matches!(self.g.nodes[relu.node].op, Op::Unary(UnaryOp::Relu));
+        let r = match add.args[..] {
+            [a, b] if a == h => b,
+            [a, b] if b == h => a,
+            _ => return None,
+        };
+        let leaf = self.shared.leaves.get(r)?;
+        let f32_everywhere = [add.node, relu.node, self.grp.leaves[r]]
+            .iter()
+            .all(|&i| self.g.nodes[i].ty.dtype == DType::F32);
+        if !is_add || !is_relu || relu.args != [add.out] || r == h || !f32_everywhere {
+            return None;
+        }
+        if !matches!(leaf.kind, Kind::Contiguous) || leaf.size != 4 {
+            return None;
+        }
+        // SAFETY: a contiguous leaf covers the n elements of the output from `ptr`, and its
+        // value outlives the pass ('a, which outlives &self).
+        Some(unsafe { std::slice::from_raw_parts(leaf.ptr as *const f32, self.n) })
     }
 
     /// Elements of the output.

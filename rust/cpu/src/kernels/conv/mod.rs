@@ -356,6 +356,12 @@ fn conv_t<T: GemmElem + Real>(
     // registers, before the store) where one takes the conv; a pass over the outputs was a
     // quarter of a 3-channel stem conv's time.
     let relu_in_kernel = epilogue.is_some_and(Pass::is_relu_of_head);
+    // A residual block's `relu(conv + bias + residual)`: the AVX2 kernel adds the residual
+    // in registers too (the pass after the conv was ~30 µs of a 32-channel 32×32 conv of
+    // four images). The AVX-512 kernels leave it to the pass.
+    let residual = epilogue
+        .and_then(Pass::relu_of_head_plus)
+        .filter(|_| !flat::suits(g) && shifted::suits(g));
     // The f32 kernel that reads a padded copy of the input instead of im2col, if one suits
     // this geometry on this CPU (AVX-512 first: it also keeps the lanes of narrow rows busy).
     type NoIm2col = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize, bool);
@@ -388,6 +394,20 @@ fn conv_t<T: GemmElem + Real>(
         };
         let mut add_bias = bg;
         let mut relu_done = false;
+        let residual = residual.map(|r| &r[t * g.og * op..(t + 1) * g.og * op]);
+        // (f32 throughout: `residual` is only found for f32 outputs.)
+        if let (Some(res), Some((pa, x32)), Some(y32), Some(b32)) = (
+            residual,
+            panels.filter(|(pa, _)| pa.is_left()),
+            T::as_f32_mut(y),
+            match bg {
+                None => Some(None),
+                Some(b) => T::as_f32(b).map(Some),
+            },
+        ) {
+            shifted::conv_shifted_plus(g, pa, x32, b32, Some(res), y32, threads, true);
+            return true;
+        }
         if !uses_gemm(&[g.o, g.cg], g.groups) {
             direct(g, xg, wg, y);
         } else if let (Some((pa, x32)), Some(y32)) = (panels, T::as_f32_mut(y)) {

@@ -190,6 +190,23 @@ pub fn conv_shifted(
     threads: usize,
     relu: bool,
 ) {
+    conv_shifted_plus(g, pa, x, bias, None, y, threads, relu)
+}
+
+/// `conv_shifted` with `residual` (laid out as `y`) added to the sums before the clamp and
+/// the store: a block's `relu(conv(x) + bias + residual)` in one pass over the outputs,
+/// rounding as the unfused add does (`(conv + bias) + residual`).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_shifted_plus(
+    g: &Geom,
+    pa: &Packed,
+    x: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+    y: &mut [f32],
+    threads: usize,
+    relu: bool,
+) {
     let lay = Layout::new(g);
     let op = g.out_plane();
     assert!(
@@ -197,6 +214,10 @@ pub fn conv_shifted(
         "conv weight packed for another shape"
     );
     assert!(y.len() >= g.og * op && x.len() >= g.cg * g.in_plane());
+    assert!(
+        residual.is_none_or(|r| r.len() >= g.og * op),
+        "conv residual shorter than the output"
+    );
     assert!(
         bias.is_none_or(|b| b.len() == g.og),
         "conv bias of another length"
@@ -237,6 +258,7 @@ pub fn conv_shifted(
                                 chan: lay.chan,
                                 taps: &lay.taps,
                                 relu,
+                                addend: residual.map(|r| &r[p * MR * op..]),
                             },
                             buf.as_ptr(),
                             &vs[..n],
@@ -279,6 +301,8 @@ struct Steps<'a> {
     taps: &'a [isize],
     /// Clamp the sums at zero before storing them (a ReLU fused into the conv).
     relu: bool,
+    /// Values to add to the sums before the clamp, laid out as the outputs (`y`, `ldc`).
+    addend: Option<&'a [f32]>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -421,6 +445,21 @@ mod x86 {
                     for &t in k.taps {
                         step(xc.offset(t), a);
                         a = a.add(MR);
+                    }
+                }
+            }
+            if let Some(res) = k.addend {
+                for r in 0..R {
+                    for j in 0..V {
+                        let src = res.as_ptr().add(r * ldc + v[j].output);
+                        let add = if v[j].live == LANES {
+                            _mm256_loadu_ps(src)
+                        } else {
+                            let mut tmp = [0.0f32; LANES];
+                            std::ptr::copy_nonoverlapping(src, tmp.as_mut_ptr(), v[j].live);
+                            _mm256_loadu_ps(tmp.as_ptr())
+                        };
+                        acc[r][j] = _mm256_add_ps(acc[r][j], add);
                     }
                 }
             }
