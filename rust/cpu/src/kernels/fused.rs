@@ -164,7 +164,7 @@ impl<'a> Pass<'a> {
         if !is_add || !is_relu || relu.args != [add.out] || r == h || !f32_everywhere {
             return None;
         }
-        if !matches!(leaf.kind, Kind::Contiguous) || leaf.size != 4 {
+        if !matches!(leaf.kind, Kind::Contiguous) {
             return None;
         }
         // SAFETY: a contiguous leaf covers the n elements of the output from `ptr`, and its

@@ -359,19 +359,20 @@ fn conv_t<T: GemmElem + Real>(
     // A residual block's `relu(conv + bias + residual)`: the AVX2 kernel adds the residual
     // in registers too (the pass after the conv was ~30 µs of a 32-channel 32×32 conv of
     // four images). The AVX-512 kernels leave it to the pass.
-    let residual = epilogue
-        .and_then(Pass::relu_of_head_plus)
-        .filter(|_| !flat::suits(g) && shifted::suits(g));
     // The f32 kernel that reads a padded copy of the input instead of im2col, if one suits
     // this geometry on this CPU (AVX-512 first: it also keeps the lanes of narrow rows busy).
     type NoIm2col = fn(&Geom, &Packed, &[f32], Option<&[f32]>, &mut [f32], usize, bool);
+    let runs_shifted = !flat::suits(g) && shifted::suits(g);
     let no_im2col: Option<NoIm2col> = if flat::suits(g) {
         Some(flat::conv_flat)
-    } else if shifted::suits(g) {
+    } else if runs_shifted {
         Some(shifted::conv_shifted)
     } else {
         None
     };
+    let residual = epilogue
+        .and_then(Pass::relu_of_head_plus)
+        .filter(|_| runs_shifted);
     // One task: image `t / groups`, group `t % groups`; its outputs are contiguous.
     let run = |t: usize, y: &mut [T], threads: usize| {
         let (b, grp) = (t / g.groups, t % g.groups);

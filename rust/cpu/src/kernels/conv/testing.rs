@@ -190,7 +190,7 @@ pub fn speed(kernel: Kernel, how: Weights) {
         (32, 64, 32, 2),
         (256, 256, 7, 1),
     ] {
-        // EMBER_SPEED_ONLY=32-64 times only the shapes whose `cg-og` label contains it.
+        // EMBER_SPEED_ONLY=32-64 times only the shapes whose `cg-og-hw-sS` label contains it.
         if let Ok(only) = std::env::var("EMBER_SPEED_ONLY") {
             if !format!("{cg}-{og}-{hw}-s{s}").contains(&only) {
                 continue;

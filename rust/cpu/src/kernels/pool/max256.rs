@@ -61,11 +61,12 @@ pub unsafe fn max_planes(a: &[Axis; 3], xs: &[f32], ys: &mut [f32], taps: &[Vec<
                 // SAFETY: `row` holds every entry a block's taps read (`reach`); AVX2 present.
                 unsafe {
                     match (w.kernel, w.stride) {
-                        (3, 2) => slide::<3, 2>(&row, w.dilation, out),
-                        (2, 2) => slide::<2, 2>(&row, w.dilation, out),
-                        (3, 1) => slide::<3, 1>(&row, w.dilation, out),
-                        (k, 1) => slide_any::<1>(&row, k, w.dilation, out),
-                        (k, _) => slide_any::<2>(&row, k, w.dilation, out),
+                        // The common pools with the width as a literal (taps unrolled).
+                        (3, 2) => slide::<2>(&row, 3, w.dilation, out),
+                        (2, 2) => slide::<2>(&row, 2, w.dilation, out),
+                        (3, 1) => slide::<1>(&row, 3, w.dilation, out),
+                        (k, 1) => slide::<1>(&row, k, w.dilation, out),
+                        (k, _) => slide::<2>(&row, k, w.dilation, out),
                     }
                 }
             }
@@ -73,7 +74,7 @@ pub unsafe fn max_planes(a: &[Axis; 3], xs: &[f32], ys: &mut [f32], taps: &[Vec<
     }
 }
 
-/// One tap of the block at output `o`: the 8 entries `row[o·S + at + S·i]`.
+/// One tap of a block: the 8 entries `row[S·i]`, i < 8 (stride S along the row).
 #[inline(always)]
 unsafe fn tap<const S: usize>(row: *const f32) -> __m256 {
     // SAFETY: the caller's `row` holds 8·S entries from here; AVX2 present.
@@ -106,32 +107,13 @@ unsafe fn store(out: &mut [f32], o: usize, v: __m256) {
     }
 }
 
-/// `out[o]` = the max over taps l < K of `row[o·S + l·dilation]`, 8 outputs a step, the
-/// taps unrolled (K and S fixed for the common pools).
+/// `out[o]` = the max over taps l < `kernel` of `row[o·S + l·dilation]`, 8 outputs a step.
+/// Inlined into each call site of `max_planes`, where a literal `kernel` unrolls the taps.
 ///
 /// # Safety
 /// AVX2 present; `row` holds every entry a whole block reads (`reach` in `max_planes`).
 #[inline(always)]
-unsafe fn slide<const K: usize, const S: usize>(row: &[f32], dilation: usize, out: &mut [f32]) {
-    let src = row.as_ptr();
-    for o in (0..out.len()).step_by(LANES) {
-        // SAFETY: by the contract.
-        unsafe {
-            let mut acc = tap::<S>(src.add(o * S));
-            for l in 1..K {
-                acc = pick(acc, tap::<S>(src.add(o * S + l * dilation)));
-            }
-            store(out, o, acc);
-        }
-    }
-}
-
-/// `slide` with the kernel width known only at run time.
-///
-/// # Safety
-/// As `slide`.
-#[inline(always)]
-unsafe fn slide_any<const S: usize>(row: &[f32], kernel: usize, dilation: usize, out: &mut [f32]) {
+unsafe fn slide<const S: usize>(row: &[f32], kernel: usize, dilation: usize, out: &mut [f32]) {
     let src = row.as_ptr();
     for o in (0..out.len()).step_by(LANES) {
         // SAFETY: by the contract.
@@ -155,14 +137,9 @@ unsafe fn reduce_rows(xp: &[f32], starts: &[usize], dst: &mut [f32]) {
     let n = dst.len();
     if n < LANES {
         for (i, d) in dst.iter_mut().enumerate() {
-            *d = starts.iter().fold(f32::NEG_INFINITY, |m, &s| {
-                let v = xp[s + i];
-                if (v > m) | v.is_nan() {
-                    v
-                } else {
-                    m
-                }
-            });
+            *d = starts
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &s| super::pick(m, xp[s + i]));
         }
         return;
     }
