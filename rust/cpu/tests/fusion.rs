@@ -688,3 +688,81 @@ fn register_chains_match_their_steps_bit_for_bit() {
         check_same_bits(&g, &ins, &format!("chains {shape:?}"));
     }
 }
+
+/// ns per element of fused groups on one thread ([64, 512] f32, best of 200 runs): four
+/// cheap steps with a broadcast row, and the benchmark chain's GELU and sigmoid·tanh groups.
+/// `cargo test --release -p ember-cpu --test fusion fused_group_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn fused_group_speed() {
+    let shape = [64, 512];
+    let n: usize = shape.iter().product();
+    let build = |body: &dyn Fn(&mut Graph, ValueId, ValueId) -> ValueId| {
+        let mut g = Graph::new();
+        let x = input(&mut g, 0, DType::F32, &shape);
+        let b = input(&mut g, 1, DType::F32, &[512]);
+        let be = broadcast_row(&mut g, b, &shape);
+        let y = body(&mut g, x, be);
+        g.outputs.push(y);
+        g
+    };
+    let graphs: [(&str, Graph); 3] = [
+        (
+            "cheap: (x·½ + b)·x - x",
+            build(&|g, x, b| {
+                let half = full(g, DType::F32, &shape, 0.5);
+                let y = bin(g, BinaryOp::Mul, x, half);
+                let y = bin(g, BinaryOp::Add, y, b);
+                let y = bin(g, BinaryOp::Mul, y, x);
+                bin(g, BinaryOp::Sub, y, x)
+            }),
+        ),
+        (
+            "gelu(x·b + b) + x",
+            build(&|g, x, b| {
+                let y = bin(g, BinaryOp::Mul, x, b);
+                let y = bin(g, BinaryOp::Add, y, b);
+                let y = un(g, UnaryOp::Gelu, y);
+                bin(g, BinaryOp::Add, y, x)
+            }),
+        ),
+        (
+            "sigmoid(x)·tanh(b) + x",
+            build(&|g, x, b| {
+                let s = un(g, UnaryOp::Sigmoid, x);
+                let t = un(g, UnaryOp::Tanh, b);
+                let y = bin(g, BinaryOp::Mul, s, t);
+                bin(g, BinaryOp::Add, y, x)
+            }),
+        ),
+    ];
+    let mut rng = Rng::new(7);
+    let x = Strided::contiguous(&random(&mut rng, DType::F32, &shape, -3.0, 3.0));
+    let b = Strided::contiguous(&random(&mut rng, DType::F32, &[512], -3.0, 3.0));
+    let mut out = vec![0u64; n / 2];
+    let only = std::env::var("FUSED_ONLY").unwrap_or_default();
+    for (name, g) in graphs.iter().filter(|(name, _)| name.contains(&only)) {
+        let exe = CpuBackend::new(1)
+            .with_fusion(true)
+            .compile(g, &Weights::new())
+            .unwrap();
+        let views = [x.view(), b.view()];
+        let outs = [TensorOut {
+            ptr: out.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+            shape: shape.to_vec(),
+        }];
+        let best = (0..std::env::var("FUSED_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200))
+            .map(|_| {
+                let t = std::time::Instant::now();
+                // SAFETY: the views and the output address live buffers of their shapes.
+                unsafe { exe.run(&views, &outs).unwrap() };
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        eprintln!("{name}: {:.3} ns/element", best * 1e9 / n as f64);
+    }
+}

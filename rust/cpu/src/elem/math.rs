@@ -46,14 +46,14 @@ pub trait Real:
     fn fast_exp(self) -> Self;
     fn fast_tanh(self) -> Self;
     fn fast_sigmoid(self) -> Self;
-    /// 1 + erf(x), accurate in absolute terms (for GELU).
-    fn fast_one_plus_erf(self) -> Self;
+    /// Exact GELU, x·Φ(x) (f32: `fastmath::gelu`'s piecewise fit; f64: through libm's erfc).
+    fn fast_gelu(self) -> Self;
     fn is_nan(self) -> bool;
     fn is_infinite(self) -> bool;
 }
 
 macro_rules! real {
-    ($t:ident, $erf:path, $exp:path, $tanh:path, $sigmoid:path, $one_plus_erf:path) => {
+    ($t:ident, $erf:path, $exp:path, $tanh:path, $sigmoid:path, $gelu:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -139,8 +139,8 @@ macro_rules! real {
                 $sigmoid(self)
             }
             #[inline(always)]
-            fn fast_one_plus_erf(self) -> Self {
-                $one_plus_erf(self)
+            fn fast_gelu(self) -> Self {
+                $gelu(self)
             }
             #[inline]
             fn is_nan(self) -> bool {
@@ -159,23 +159,17 @@ real!(
     fastmath::exp,
     fastmath::tanh,
     fastmath::sigmoid,
-    fastmath::one_plus_erf
+    fastmath::gelu
 );
-real!(
-    f64,
-    libm::erf,
-    f64::exp,
-    f64::tanh,
-    sigmoid_f64,
-    one_plus_erf_f64
-);
+real!(f64, libm::erf, f64::exp, f64::tanh, sigmoid_f64, gelu_f64);
 
 fn sigmoid_f64(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn one_plus_erf_f64(x: f64) -> f64 {
-    1.0 + libm::erf(x)
+/// x·Φ(x) with Φ(x) = erfc(-x/√2)/2: accurate in relative terms for negative x too.
+fn gelu_f64(x: f64) -> f64 {
+    x * 0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
 
 /// A float element with the type its math is done in.

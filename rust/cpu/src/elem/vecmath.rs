@@ -80,7 +80,7 @@ impl Kernel {
             Kernel::Tanh => fastmath::tanh(x),
             Kernel::Sigmoid => fastmath::sigmoid(x),
             Kernel::Silu => x * fastmath::sigmoid(x),
-            Kernel::Gelu => x * 0.5 * fastmath::one_plus_erf(x * std::f32::consts::FRAC_1_SQRT_2),
+            Kernel::Gelu => fastmath::gelu(x),
             Kernel::GeluTanh => {
                 0.5 * x * (1.0 + fastmath::tanh(GELU_TANH_K * (x + GELU_TANH_A * x * x * x)))
             }
@@ -303,23 +303,30 @@ macro_rules! vector_math {
             mul(x, sigmoid(x))
         }
 
-        /// `fastmath::one_plus_erf`: erfc(|x|) from the Chebyshev fit, then 2 - erfc for
-        /// x ≥ 0.
+        /// The standard normal's tail Q(a) for a ≥ 0 (`GELU_TAIL_POLY`; 0 from
+        /// `GELU_TAIL_END` on; NaN stays NaN): each lane's piece of the fit looked up by
+        /// permutes, one per coefficient row.
         #[target_feature(enable = $feature)]
         #[inline]
-        fn one_plus_erf(x: V) -> V {
-            let z = abs(x);
-            let t = div(splat(1.0), fmadd(splat(0.5), z, splat(1.0)));
-            let p = split_horner(t, c::ERFC_POLY);
-            let erfc = mul(t, exp(fnmadd(z, z, p)));
-            select(ge(x, splat(0.0)), sub(splat(2.0), erfc), erfc)
+        fn normal_tail(a: V) -> V {
+            // min returns its second operand for NaN lanes.
+            let ac = min(splat(c::GELU_TAIL_END), a);
+            let piece = imin(cvtt(mul(ac, splat(1.0 / c::GELU_PIECE))), isplat(7));
+            let center = fmadd(cvt(piece), splat(c::GELU_PIECE), splat(0.5 * c::GELU_PIECE));
+            let t = sub(ac, center);
+            let mut q = lookup(&c::GELU_TAIL_POLY[0], piece);
+            for row in &c::GELU_TAIL_POLY[1..] {
+                q = fmadd(q, t, lookup(row, piece));
+            }
+            zero_where(ge(a, splat(c::GELU_TAIL_END)), q)
         }
 
+        /// `fastmath::gelu`: x·Φ(x), Φ(x) = 1 - Q(x) above 0 and Q(-x) below.
         #[target_feature(enable = $feature)]
         #[inline]
         pub(crate) fn gelu(x: V) -> V {
-            let e = one_plus_erf(mul(x, splat(std::f32::consts::FRAC_1_SQRT_2)));
-            mul(mul(x, splat(0.5)), e)
+            let q = normal_tail(abs(x));
+            mul(x, select(lt(x, splat(0.0)), q, sub(splat(1.0), q)))
         }
 
         #[target_feature(enable = $feature)]
@@ -358,17 +365,19 @@ macro_rules! vector_math {
         }
 
         /// erf x: x·P(x²) below |x| = 1 (relative accuracy where erf is small), else
-        /// 1 - erfc(|x|) with x's sign, erfc from the fit `one_plus_erf` uses.
+        /// 1 - erfc(|x|) with x's sign, erfc(z) = 2·Q(√2·z) from GELU's tail fit.
         #[target_feature(enable = $feature)]
         #[inline]
         pub(crate) fn erf(x: V) -> V {
             let z = abs(x);
             let small = mul(x, split_horner(mul(x, x), c::ERF_POLY));
-            let t = div(splat(1.0), fmadd(splat(0.5), z, splat(1.0)));
-            let erfc = mul(t, exp(fnmadd(z, z, split_horner(t, c::ERFC_POLY))));
+            let erfc = mul(
+                splat(2.0),
+                normal_tail(mul(z, splat(std::f32::consts::SQRT_2))),
+            );
             let large = or(sub(splat(1.0), erfc), and(x, splat(-0.0)));
-            let r = select(lt(z, splat(1.0)), small, large);
-            select(unordered(x), x, r)
+            // NaN lanes are NaN on both sides.
+            select(lt(z, splat(1.0)), small, large)
         }
 
         /// |x| = j·π/4 + r with j even and |r| ≤ π/4 (π/4 in three parts, each step one
@@ -544,6 +553,11 @@ mod x86 {
         izero(a: I) -> M { _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_setzero_si256())) }
         cvt(a: I) -> V { _mm256_cvtepi32_ps(a) }
         cvtt(a: V) -> I { _mm256_cvttps_epi32(a) }
+        imin(a: I, b: I) -> I { _mm256_min_epi32(a, b) }
+        lookup(table: &[f32; 8], i: I) -> V {
+            let [a, b, c, d, e, f, g, h] = *table;
+            _mm256_permutevar8x32_ps(_mm256_setr_ps(a, b, c, d, e, f, g, h), i)
+        }
         eq(a: V, b: V) -> M { _mm256_cmp_ps(a, b, _CMP_EQ_OQ) }
         not_le(a: V, b: V) -> M { _mm256_cmp_ps(a, b, _CMP_NLE_UQ) }
         any(m: M) -> bool { _mm256_movemask_ps(m) != 0 }
@@ -690,6 +704,13 @@ pub(crate) mod x86_512 {
         izero(a: I) -> M { _mm512_cmpeq_epi32_mask(a, _mm512_setzero_si512()) }
         cvt(a: I) -> V { _mm512_cvtepi32_ps(a) }
         cvtt(a: V) -> I { _mm512_cvttps_epi32(a) }
+        imin(a: I, b: I) -> I { _mm512_min_epi32(a, b) }
+        // Indices 0-7 (the high half is never picked; NaN lanes pick 0 and stay NaN).
+        lookup(table: &[f32; 8], i: I) -> V {
+            let [a, b, c, d, e, f, g, h] = *table;
+            let table = _mm256_setr_ps(a, b, c, d, e, f, g, h);
+            _mm512_permutexvar_ps(i, _mm512_zextps256_ps512(table))
+        }
         eq(a: V, b: V) -> M { _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) }
         not_le(a: V, b: V) -> M { _mm512_cmp_ps_mask(a, b, _CMP_NLE_UQ) }
         any(m: M) -> bool { m != 0 }

@@ -192,12 +192,7 @@ fn unary_float<T: FloatElem, K: Apply1>(op: UnaryOp, k: K) -> KResult<K::Out> {
         Tanh => v!(Kernel::Tanh, |c: T::C| c.fast_tanh()),
         Sigmoid => v!(Kernel::Sigmoid, |c: T::C| c.fast_sigmoid()),
         Erf => v!(Kernel::Erf, |c: T::C| c.erf()),
-        Gelu => {
-            let (half, rs2) = (of(0.5), of(std::f64::consts::FRAC_1_SQRT_2));
-            v!(Kernel::Gelu, |c: T::C| c
-                * half
-                * (c * rs2).fast_one_plus_erf())
-        }
+        Gelu => v!(Kernel::Gelu, |c: T::C| c.fast_gelu()),
         GeluTanh => {
             let (half, k3, a) = (
                 of(0.5),
