@@ -35,6 +35,10 @@ pub(crate) mod consts {
         -3.333_328_2e-1,
     ];
     pub const TANH_SMALL: f32 = 0.625;
+    /// e^88 < 2^127: the largest whole exponent `exp_in_range` (vecmath) builds in one step.
+    pub const EXP_IN_RANGE_MAX: f32 = 88.0;
+    /// sigmoid(-88) = 6e-39 is below the smallest normal f32.
+    pub const SIGMOID_ZERO_BELOW: f32 = -EXP_IN_RANGE_MAX;
     pub const TWO_POW_23: f32 = 8_388_608.0;
     /// ln(1 + f) = f - f²/2 + f³·p(f) for f in [√½ - 1, √2 - 1] (Cephes' `logf`).
     pub const LOG_POLY: [f32; 9] = [
@@ -230,10 +234,16 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
-/// 1 / (1 + e^-x).
+/// 1 / (1 + e^-x), flushed to 0 below x = `SIGMOID_ZERO_BELOW` (where it is subnormal, as
+/// `exp` flushes its subnormal results), so that the vector form's e^-x stays a normal f32.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    let y = 1.0 / (1.0 + exp(-x));
+    if x < SIGMOID_ZERO_BELOW {
+        0.0
+    } else {
+        y
+    }
 }
 
 /// Exact GELU, x·Φ(x) with Φ the standard normal CDF: Φ(x) = 1 - Q(|x|) for x ≥ 0 and
