@@ -256,13 +256,7 @@ macro_rules! vector_math {
         pub(crate) fn exp(x: V) -> V {
             // max/min return their second operand for NaN lanes; those are fixed at the end.
             let xc = min(max(x, splat(c::EXP_MIN)), splat(c::EXP_MAX));
-            let k = fmadd(xc, splat(c::LOG2E), splat(c::ROUND_MAGIC));
-            let n = sub(k, splat(c::ROUND_MAGIC));
-            let r = fnmadd(n, splat(c::LN2_HI), xc);
-            let r = fnmadd(n, splat(c::LN2_LO), r);
-            let p = horner(r, c::EXP_POLY);
-            let er = add(fmadd(p, mul(r, r), r), splat(1.0));
-            let ni = isub(to_bits(k), isplat(c::ROUND_MAGIC.to_bits() as i32));
+            let (er, ni) = exp_parts(xc);
             let half = sra1(ni);
             let y = mul(mul(er, pow2(half)), pow2(isub(ni, half)));
             let y = select(gt(x, splat(c::EXP_MAX)), splat(f32::INFINITY), y);
@@ -276,15 +270,24 @@ macro_rules! vector_math {
         #[target_feature(enable = $feature)]
         #[inline]
         fn exp_in_range(x: V) -> V {
+            let (er, ni) = exp_parts(x);
+            mul(er, pow2(ni))
+        }
+
+        /// e^x = er·2^ni for x in [`EXP_MIN`, `EXP_MAX`]: the range reduction and the
+        /// polynomial `exp` and `exp_in_range` share.
+        #[target_feature(enable = $feature)]
+        #[inline]
+        fn exp_parts(x: V) -> (V, I) {
             let k = fmadd(x, splat(c::LOG2E), splat(c::ROUND_MAGIC));
             let n = sub(k, splat(c::ROUND_MAGIC));
             let r = fnmadd(n, splat(c::LN2_HI), x);
             let r = fnmadd(n, splat(c::LN2_LO), r);
             let p = horner(r, c::EXP_POLY);
             let er = add(fmadd(p, mul(r, r), r), splat(1.0));
-            mul(
+            (
                 er,
-                pow2(isub(to_bits(k), isplat(c::ROUND_MAGIC.to_bits() as i32))),
+                isub(to_bits(k), isplat(c::ROUND_MAGIC.to_bits() as i32)),
             )
         }
 
