@@ -35,6 +35,9 @@ enum Kind {
     Contiguous,
     /// One element broadcast everywhere: filled once per task.
     Scalar,
+    /// Unit stride along rows of at least a block (a broadcast row, a slice of wider rows):
+    /// a block inside one row is read in place, one that crosses rows is gathered.
+    Rows,
     Strided,
 }
 
@@ -44,6 +47,23 @@ struct Leaf {
     shape: Vec<usize>,
     strides: [Vec<isize>; 1],
     kind: Kind,
+}
+
+impl Leaf {
+    /// The address of elements `at..at + len` (row-major) when they lie in one unit-stride
+    /// row of the leaf.
+    fn in_one_row(&self, at: usize, len: usize) -> Option<*const u8> {
+        let row = *self.shape.last()?;
+        if row == 0 || at / row != (at + len - 1) / row {
+            return None;
+        }
+        let (mut rest, mut offset) = (at, 0isize);
+        for (&d, &s) in self.shape.iter().zip(&self.strides[0]).rev() {
+            offset += (rest % d) as isize * s;
+            rest /= d;
+        }
+        Some(self.ptr.wrapping_offset(offset * self.size as isize))
+    }
 }
 
 /// Raw pointers shared by the tasks (each writes its own disjoint range of the output).
@@ -104,6 +124,8 @@ impl<'a> Pass<'a> {
                 Kind::Scalar
             } else if !is_head && shape.len() == 1 && strides[0][0] == 1 {
                 Kind::Contiguous
+            } else if !is_head && strides[0].last() == Some(&1) && shape[shape.len() - 1] >= BLOCK {
+                Kind::Rows
             } else {
                 Kind::Strided
             };
@@ -209,6 +231,16 @@ impl<'a> Pass<'a> {
                 match l.kind {
                     Kind::Contiguous => ptrs[i] = l.ptr.wrapping_add(at * l.size),
                     Kind::Scalar => {}
+                    Kind::Rows => {
+                        ptrs[i] = match l.in_one_row(at, len) {
+                            Some(p) => p,
+                            None => {
+                                // SAFETY: as for `Strided` below.
+                                unsafe { gather(l, at, len, slot(i)) };
+                                slot(i)
+                            }
+                        }
+                    }
                     // SAFETY: the leaf covers the output's n elements; the slot holds BLOCK.
                     Kind::Strided => unsafe { gather(l, at, len, slot(i)) },
                 }
