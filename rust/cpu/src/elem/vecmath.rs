@@ -188,25 +188,25 @@ macro_rules! vector_math {
             let s = splat(shift);
             // One monomorphic loop per kernel, so the vector code is inlined into it.
             macro_rules! each {
-                ($f:ident) => {
+                ($f:ident, $unroll:ident) => {
                     // SAFETY: the caller's contract.
-                    unsafe { apply(x, out, n, s, |v| $f(v), |_| {}) }
+                    unsafe { apply::<$unroll>(x, out, n, s, |v| $f(v), |_| {}) }
                 };
             }
             match kernel {
-                Kernel::Exp => each!(exp),
-                Kernel::Tanh => each!(tanh),
-                Kernel::Sigmoid => each!(sigmoid),
-                Kernel::Silu => each!(silu),
-                Kernel::Gelu => each!(gelu),
-                Kernel::GeluTanh => each!(gelu_tanh),
-                Kernel::Log => each!(log),
-                Kernel::Erf => each!(erf),
-                Kernel::Sin => each!(sin),
-                Kernel::Cos => each!(cos),
-                Kernel::Tan => each!(tan),
-                Kernel::Expm1 => each!(expm1),
-                Kernel::Log1p => each!(log1p),
+                Kernel::Exp => each!(exp, UNROLL),
+                Kernel::Tanh => each!(tanh, UNROLL_REGISTER_HEAVY),
+                Kernel::Sigmoid => each!(sigmoid, UNROLL),
+                Kernel::Silu => each!(silu, UNROLL),
+                Kernel::Gelu => each!(gelu, UNROLL),
+                Kernel::GeluTanh => each!(gelu_tanh, UNROLL_REGISTER_HEAVY),
+                Kernel::Log => each!(log, UNROLL_REGISTER_HEAVY),
+                Kernel::Erf => each!(erf, UNROLL_REGISTER_HEAVY),
+                Kernel::Sin => each!(sin, UNROLL),
+                Kernel::Cos => each!(cos, UNROLL),
+                Kernel::Tan => each!(tan, UNROLL),
+                Kernel::Expm1 => each!(expm1, UNROLL_REGISTER_HEAVY),
+                Kernel::Log1p => each!(log1p, UNROLL_REGISTER_HEAVY),
             }
         }
 
@@ -627,7 +627,7 @@ mod x86 {
             acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
         };
         // SAFETY: the caller's contract.
-        unsafe { apply(x, out, n, _mm256_set1_ps(shift), |v| exp_at_most_88(v), add) };
+        unsafe { apply::<UNROLL>(x, out, n, _mm256_set1_ps(shift), |v| exp_at_most_88(v), add) };
         let v = _mm256_add_pd(acc[0], acc[1]);
         let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
         _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)))
@@ -645,13 +645,18 @@ mod x86 {
     /// kernels are long dependent chains; 8 ran exp, tanh and sin 25-35 % faster than 4 on
     /// Zen 3).
     const UNROLL: usize = 8;
+    /// For kernels with many live values per vector (log, log1p, erf, tanh, expm1): 8
+    /// chains of them spill the 16 registers. On Zen 3, 4 ran log and log1p 20-25 % faster,
+    /// tanh, GELU(tanh) and expm1 4-6 %; sigmoid, SiLU, sin and cos 6-12 % slower, so those
+    /// keep 8.
+    const UNROLL_REGISTER_HEAVY: usize = 4;
 
-    /// `out[i] = f(x[i] - shift)`, each stored vector also handed to `seen` (with the
-    /// lanes past n zeroed); the last partial vector through masked loads and stores (slow
-    /// on AMD, so only that one).
+    /// `out[i] = f(x[i] - shift)`, VECTORS vectors per step, each stored vector also handed
+    /// to `seen` (with the lanes past n zeroed); the last partial vector through masked loads
+    /// and stores (slow on AMD, so only that one).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn apply(
+    unsafe fn apply<const VECTORS: usize>(
         x: *const f32,
         out: *mut f32,
         n: usize,
@@ -662,8 +667,8 @@ mod x86 {
         // SAFETY (whole body): every access is below n (the tail's lanes past n are masked).
         unsafe {
             let mut i = 0;
-            while i + 8 * UNROLL <= n {
-                let mut v = [_mm256_setzero_ps(); UNROLL];
+            while i + 8 * VECTORS <= n {
+                let mut v = [_mm256_setzero_ps(); VECTORS];
                 for (k, v) in v.iter_mut().enumerate() {
                     *v = _mm256_sub_ps(_mm256_loadu_ps(x.add(i + 8 * k)), shift);
                 }
@@ -674,7 +679,7 @@ mod x86 {
                     _mm256_storeu_ps(out.add(i + 8 * k), *v);
                     seen(*v);
                 }
-                i += 8 * UNROLL;
+                i += 8 * VECTORS;
             }
             while i + 8 <= n {
                 let v = f(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), shift));
@@ -783,18 +788,22 @@ pub(crate) mod x86_512 {
             acc[1] = _mm512_add_pd(acc[1], _mm512_cvtps_pd(hi));
         };
         // SAFETY: the caller's contract.
-        unsafe { apply(x, out, n, _mm512_set1_ps(shift), |v| exp_at_most_88(v), add) };
+        unsafe { apply::<UNROLL>(x, out, n, _mm512_set1_ps(shift), |v| exp_at_most_88(v), add) };
         _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]))
     }
 
     /// Vectors per step: independent chains for the out-of-order core to overlap.
     const UNROLL: usize = 4;
+    /// AVX-512 has 32 registers, so the kernels with many live values keep the same unroll
+    /// (not measured: no AVX-512 machine at hand).
+    const UNROLL_REGISTER_HEAVY: usize = 4;
 
-    /// `out[i] = f(x[i] - shift)`, each stored vector also handed to `seen` (with the
-    /// lanes past n zeroed); the last partial vector through masked loads and stores.
+    /// `out[i] = f(x[i] - shift)`, VECTORS vectors per step, each stored vector also handed
+    /// to `seen` (with the lanes past n zeroed); the last partial vector through masked loads
+    /// and stores.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn apply(
+    unsafe fn apply<const VECTORS: usize>(
         x: *const f32,
         out: *mut f32,
         n: usize,
@@ -805,8 +814,8 @@ pub(crate) mod x86_512 {
         // SAFETY (whole body): every access is below n (the tail's lanes past n are masked).
         unsafe {
             let mut i = 0;
-            while i + 16 * UNROLL <= n {
-                let mut v = [_mm512_setzero_ps(); UNROLL];
+            while i + 16 * VECTORS <= n {
+                let mut v = [_mm512_setzero_ps(); VECTORS];
                 for (k, v) in v.iter_mut().enumerate() {
                     *v = _mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16 * k)), shift);
                 }
@@ -817,7 +826,7 @@ pub(crate) mod x86_512 {
                     _mm512_storeu_ps(out.add(i + 16 * k), *v);
                     seen(*v);
                 }
-                i += 16 * UNROLL;
+                i += 16 * VECTORS;
             }
             while i < n {
                 let mask = crate::simd::first_lanes(n - i);
