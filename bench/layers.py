@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
 from collections import defaultdict
-from collections.abc import Callable
 
 import ember
 import numpy as np
@@ -26,20 +23,7 @@ import torch
 
 from bench.backends import _export_onnx
 from bench.cases import CASES
-
-
-def _medians(fns: list[Callable[[], object]], calls: int) -> list[float]:
-    """Median µs of each function, calls alternating between them after a warm-up."""
-    for f in fns:
-        for _ in range(10):
-            f()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(calls):
-        for f, t in zip(fns, times, strict=True):
-            start = time.perf_counter()
-            f()
-            t.append((time.perf_counter() - start) * 1e6)
-    return [statistics.median(t) for t in times]
+from bench.cpu_decode import _medians
 
 
 def _ort_rows(profile_path: str, skip_runs: int) -> list[tuple[str, str, float]]:
@@ -108,7 +92,7 @@ def compare(name: str, threads: int, calls: int) -> str:
         with ember.profile_cpu() as prof:
             for _ in range(calls):
                 run_ember()
-        ember_us, ort_us = _medians([run_ember, run_ort], calls)
+        ember_us, ort_us = (ms * 1e3 for ms in _medians([run_ember, run_ort], calls))
 
     lines = [
         f"## {CASES[name].title}: {threads} thread(s), {calls} calls",
