@@ -17,6 +17,10 @@ pub(crate) mod consts {
     /// exp overflows above this and is below the smallest normal f32 beneath `EXP_MIN`.
     pub const EXP_MAX: f32 = 88.722_84;
     pub const EXP_MIN: f32 = -87.336_54;
+    /// Softmax's exp pass clamps below here: x rounds to n = -127 halvings, whose 2^n has
+    /// all exponent bits zero, so e^x comes out exactly 0 (e^x is subnormal below `EXP_MIN`
+    /// anyway).
+    pub const EXP_SUBNORMAL_FLOOR: f32 = -88.0;
     /// Minimax fit of (e^r - 1 - r) / r² for |r| ≤ ln2/2.
     pub const EXP_POLY: [f32; 6] = [
         1.987_569_1e-4,

@@ -65,11 +65,6 @@ impl Kernel {
 
 /// √(2/π), GELU's tanh form.
 const GELU_TANH_K: f32 = 0.797_884_6;
-/// `exp_at_most_88`'s lower clamp: there x rounds to n = -127 halvings, whose 2^n has all
-/// exponent bits zero, so e^x comes out exactly 0 (e^x is subnormal below `EXP_MIN` =
-/// -87.34 anyway).
-const EXP_SUBNORMAL_FLOOR: f32 = -88.0;
-
 const GELU_TANH_A: f32 = 0.044_715;
 
 #[cfg(test)]
@@ -309,7 +304,7 @@ macro_rules! vector_math {
         fn exp_at_most_88(x: V) -> V {
             let bounded = min(
                 splat(c::EXP_IN_RANGE_MAX),
-                max(splat(EXP_SUBNORMAL_FLOOR), x),
+                max(splat(c::EXP_SUBNORMAL_FLOOR), x),
             );
             exp_in_range(bounded)
         }
@@ -560,7 +555,7 @@ macro_rules! lane_ops {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Kernel, EXP_SUBNORMAL_FLOOR, GELU_TANH_A, GELU_TANH_K};
+    use super::{Kernel, GELU_TANH_A, GELU_TANH_K};
     use crate::elem::fastmath::consts as c;
     use std::arch::x86_64::*;
 
@@ -716,7 +711,7 @@ mod x86 {
 /// forms also run inside `kernels::chain`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_512 {
-    use super::{Kernel, EXP_SUBNORMAL_FLOOR, GELU_TANH_A, GELU_TANH_K};
+    use super::{Kernel, GELU_TANH_A, GELU_TANH_K};
     use crate::elem::fastmath::consts as c;
     use std::arch::x86_64::*;
 
@@ -1060,7 +1055,7 @@ mod tests {
                 assert!(e.is_nan());
             } else if v >= crate::elem::fastmath::consts::EXP_MIN {
                 assert_eq!(e.to_bits(), want.to_bits(), "e^{v}");
-            } else if v <= EXP_SUBNORMAL_FLOOR {
+            } else if v <= crate::elem::fastmath::consts::EXP_SUBNORMAL_FLOOR {
                 assert_eq!(e.to_bits(), 0, "e^{v} = {e}");
             } else {
                 let want = (v as f64).exp();
