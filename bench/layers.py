@@ -84,14 +84,14 @@ def compare(name: str, threads: int, calls: int) -> str:
         # check above and a warm-up) are left out of its rows.
         for _ in range(10):
             run_ort()
-        for _ in range(calls):
-            run_ort()
-        ort_rows = _ort_rows(session.end_profiling(), skip_runs=11)
-        for _ in range(10):
             run_ember()
+        # The profiled calls alternate, so that both profiles see the same host: this
+        # machine's speed drifts by a quarter from minute to minute (docs/LESSONS.md).
         with ember.profile_cpu() as prof:
             for _ in range(calls):
                 run_ember()
+                run_ort()
+        ort_rows = _ort_rows(session.end_profiling(), skip_runs=11)
         ember_us, ort_us = (ms * 1e3 for ms in _medians([run_ember, run_ort], calls))
 
     lines = [
