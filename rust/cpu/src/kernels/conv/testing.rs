@@ -197,11 +197,20 @@ pub fn speed(kernel: Kernel, how: Weights) {
             }
         }
         let (g, [xs, ws]) = geom(&(cg, og, vec![hw, hw], vec![3, 3], s, 1, 1));
-        let x = data(xs.iter().product(), 1);
+        // EMBER_SPEED_BATCH=4 cycles through that many images' inputs and outputs, as a
+        // model's batch does: a batch outgrows L2 where one image's data stays in it.
+        let batch: usize = std::env::var("EMBER_SPEED_BATCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .max(1);
+        let xs: Vec<Vec<f32>> = (0..batch)
+            .map(|i| data(xs.iter().product(), 1 + 3 * i as u32))
+            .collect();
         let w = data(ws.iter().product(), 2);
         let kk = cg * 9;
         let pa = packed(og, kk, &w, how);
-        let mut y = vec![0.0f32; og * g.out_plane()];
+        let mut ys = vec![vec![0.0f32; og * g.out_plane()]; batch];
         let flop = 2.0 * (og * g.out_plane() * kk) as f64;
         // EMBER_SPEED_THREADS=2 times the kernel on two threads (the caller and a helper).
         let threads: usize = std::env::var("EMBER_SPEED_THREADS")
@@ -214,8 +223,9 @@ pub fn speed(kernel: Kernel, how: Weights) {
             for _ in 0..7 {
                 let t = std::time::Instant::now();
                 let n = (2e8 / flop).ceil() as usize;
-                for _ in 0..n {
-                    kernel(&g, &pa, &x, None, &mut y, threads, false);
+                for i in 0..n {
+                    let b = i % batch;
+                    kernel(&g, &pa, &xs[b], None, &mut ys[b], threads, false);
                 }
                 best = best.min(t.elapsed().as_secs_f64() / n as f64);
             }
