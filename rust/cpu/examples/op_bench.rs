@@ -1,5 +1,6 @@
 //! Per-op cost of the CPU runtime on a [64, 512] f32 input (the norm chain's shape), without
-//! Python: `x * 2`, GELU, softmax, layer norm (with weight and bias), RMS norm, each on 1 and 2
+//! Python: `x * 2`, GELU, softmax, layer norm (with weight and bias), RMS norm, a sum and a max
+//! over each row, each on 1 and 2
 //! threads, medians of many calls in µs.
 //! `cargo run -p ember-cpu --release --example op_bench [ROWS COLS]`
 
@@ -8,7 +9,7 @@ use std::time::Instant;
 use ember_core::backend::{Backend, Executable, Weights};
 use ember_core::dim::Dim;
 use ember_core::dtype::{DType, Scalar};
-use ember_core::ir::{BinaryOp, Graph, Op, TensorType, UnaryOp};
+use ember_core::ir::{BinaryOp, Graph, Op, ReduceOp, TensorType, UnaryOp};
 use ember_core::tensor::{contiguous_strides, TensorOut, TensorView};
 use ember_cpu::CpuBackend;
 
@@ -38,6 +39,20 @@ fn graph(s: &[usize], op: &str) -> (Graph, Vec<Vec<usize>>) {
         }
         "gelu" => g.add(Op::Unary(UnaryOp::Gelu), &[x], "gelu").unwrap(),
         "softmax" => g.add(Op::Softmax { axis, log: false }, &[x], "sm").unwrap(),
+        // A sum or max over each row (`512 64`: a global average pool's sum over the 8×8
+        // planes of [4, 128, 8, 8]).
+        "rowsum" | "rowmax" => {
+            let reduce = Op::Reduce {
+                op: if op == "rowsum" {
+                    ReduceOp::Sum
+                } else {
+                    ReduceOp::Max
+                },
+                axes: vec![axis],
+                keepdim: true,
+            };
+            g.add(reduce, &[x], op).unwrap()
+        }
         "layernorm" => {
             let w = g
                 .add_source(Op::Input { index: 1 }, ty(&[cols]), "w")
@@ -118,7 +133,15 @@ fn main() {
     };
     let backends = [CpuBackend::new(1), CpuBackend::new(2)];
     println!("{s:?} f32, median µs per call: 1 thread / 2 threads");
-    for op in ["mul2", "gelu", "softmax", "layernorm", "rmsnorm"] {
+    for op in [
+        "mul2",
+        "gelu",
+        "softmax",
+        "layernorm",
+        "rmsnorm",
+        "rowsum",
+        "rowmax",
+    ] {
         let (g, shapes) = graph(&s, op);
         let t: Vec<f64> = backends
             .iter()

@@ -54,7 +54,15 @@ pub fn for_runs<const N: usize>(
         f(0, [0; N], 1);
         return;
     }
-    let mut idx = vec![0usize; r];
+    // The index on the stack for the ranks programs have: a reduction calls this once per
+    // output, and a heap allocation each time was most of a short row's cost.
+    let (mut on_stack, mut on_heap) = ([0usize; 16], Vec::new());
+    let idx: &mut [usize] = if r <= on_stack.len() {
+        &mut on_stack[..r]
+    } else {
+        on_heap.resize(r, 0);
+        &mut on_heap
+    };
     let mut rem = start;
     for d in (0..r).rev() {
         idx[d] = rem % shape[d];

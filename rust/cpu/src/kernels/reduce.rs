@@ -274,7 +274,16 @@ fn fold_lanes<const LANES: usize, T: Copy, A: Copy>(
             }
         }
         let tail = chunks.remainder().iter().fold(init, |a, &x| step(a, x));
-        combine(lanes.into_iter().fold(acc, combine), tail)
+        // The lanes combined pairwise (halves, quarters, …): a chain of LANES dependent
+        // adds was most of a short row's time (a pool's 64 values).
+        let mut width = LANES;
+        while width > 1 {
+            width /= 2;
+            for j in 0..width {
+                lanes[j] = combine(lanes[j], lanes[j + width]);
+            }
+        }
+        combine(combine(acc, lanes[0]), tail)
     })
 }
 
