@@ -88,9 +88,12 @@ fn softmax_rows<T: FloatElem>(v: &View<T>, o: &mut [T], log: bool) {
                     *d = T::store(a.load() - m - lse);
                 }
             } else if exact_store {
-                let inv = 1.0 / sum;
+                // In the compute type: e^x ≤ 1 times 1/Σ rounded once more than through f64
+                // (≤ 1 ulp; torch's f32 softmax divides in f32), at twice the lanes of a
+                // pass through f64 and back.
+                let inv = <T::C as Real>::of(1.0 / sum);
                 for d in out.iter_mut() {
-                    *d = T::store(<T::C as Real>::of(d.load().f64() * inv));
+                    *d = T::store(d.load() * inv);
                 }
             } else {
                 let inv = 1.0 / sum;
