@@ -27,8 +27,8 @@ _KEEP = [
     "silu.default",
     "matmul.default",
     # Resizes: Ember gathers with constant indices; torch's decompositions index with
-    # several broadcast index tensors at once. Kept whole, the unsupported modes (bicubic,
-    # linear 1-d, trilinear) are named in the error instead of an indexing op.
+    # several broadcast index tensors at once. Kept whole, any mode the frontend lacks
+    # would be named in the error instead of an indexing op.
     "upsample_nearest1d.vec",
     "upsample_nearest2d.vec",
     "upsample_nearest3d.vec",

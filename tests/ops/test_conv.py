@@ -1,7 +1,8 @@
 """Convolutions (1/2/3-d, stride, padding incl. 'same'/'valid', dilation, groups,
 depthwise, transposed), pooling (max/avg with ceil_mode, count_include_pad, dilation;
-adaptive avg/max), interpolate (nearest, bilinear both ways), pad modes, and the norms CNNs
-use (eval batch norm, group norm, instance norm)."""
+adaptive avg/max), interpolate (nearest, linear, bilinear, trilinear and bicubic, with and
+without align_corners), pad modes, and the norms CNNs use (eval batch norm, group norm,
+instance norm)."""
 
 import pytest
 import torch
@@ -209,14 +210,46 @@ def test_cnn_activations(backend):
     )
 
 
-@pytest.mark.parametrize("mode", ["bicubic", "trilinear"])
-def test_unsupported_interpolation_is_named(mode):
-    def f(x):
-        return F.interpolate(x, scale_factor=2, mode=mode)
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_bicubic(align_corners, backend):
+    # Taps past the edges are clamped (a negative source position reads the first pixel).
+    ac = {"mode": "bicubic", "align_corners": align_corners}
+    check(
+        lambda x: (
+            F.interpolate(x, scale_factor=2, **ac),
+            F.interpolate(x, size=(7, 11), **ac),
+            F.interpolate(x, size=(3, 2), **ac),  # downsampling
+            F.interpolate(x, scale_factor=(1.5, 0.75), **ac),
+        ),
+        [rand(2, 3, 5, 6)],
+        backend,
+        **TOL,
+    )
 
-    shape = (1, 2, 3, 4, 4) if mode == "trilinear" else (1, 2, 4, 4)
-    with pytest.raises(ember.UnsupportedOpError, match=f"upsample_{mode}"):
-        ember.compile(Fn(f), rand(*shape), fallback="error")
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_linear_and_trilinear(align_corners, backend):
+    check(
+        lambda x, y: (
+            F.interpolate(x, scale_factor=2.5, mode="linear", align_corners=align_corners),
+            F.interpolate(x, size=4, mode="linear", align_corners=align_corners),
+            F.interpolate(y, size=(4, 6, 5), mode="trilinear", align_corners=align_corners),
+            F.interpolate(
+                y, scale_factor=(2, 0.5, 1), mode="trilinear", align_corners=align_corners
+            ),
+        ),
+        [rand(2, 3, 9), rand(1, 2, 3, 4, 4)],
+        backend,
+        **TOL,
+    )
+
+
+def test_unsupported_interpolation_is_named():
+    def f(x):
+        return F.interpolate(x, scale_factor=2, mode="bilinear", antialias=True)
+
+    with pytest.raises(ember.UnsupportedOpError, match="upsample_bilinear2d_aa"):
+        ember.compile(Fn(f), rand(1, 2, 4, 4), fallback="error")
 
 
 def test_grouped_conv_batch_and_pointwise_packed_weights(backend):

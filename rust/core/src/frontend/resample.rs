@@ -50,6 +50,15 @@ pub fn weight_const(
     b.cast(c, dtype)
 }
 
+/// Keys's cubic convolution weights for the four taps around a fraction `t` ∈ [0, 1) (the
+/// taps at -1, 0, 1 and 2 from the sample's floor), with coefficient `a` (-0.75 in torch,
+/// ONNX's default). The same expressions as torch's `cubic_convolution1/2`, in f32.
+pub fn cubic_weights(t: f32, a: f32) -> [f32; 4] {
+    let far = |x: f32| ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+    let near = |x: f32| ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
+}
+
 /// One tap of a resampling filter: for every output position, the input index it reads and
 /// the weight it gets.
 pub struct Tap {

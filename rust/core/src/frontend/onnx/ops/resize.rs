@@ -8,7 +8,7 @@ use crate::dim::{format_shape, Dim};
 use crate::error::Result;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::frontend::resample::{blend, index_const, Tap};
+use crate::frontend::resample::{blend, cubic_weights, index_const, Tap};
 use crate::ir::Op;
 
 pub fn handler(op: &str) -> Option<Handler> {
@@ -82,13 +82,6 @@ fn nearest_index(rule: Nearest, x: f32) -> i64 {
         Nearest::Floor => x.floor(),
         Nearest::Ceil => x.ceil(),
     }) as i64
-}
-
-/// Keys's cubic convolution weights for the four taps around a fraction `t` ∈ [0, 1).
-fn cubic_weights(t: f32, a: f32) -> [f32; 4] {
-    let far = |x: f32| ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
-    let near = |x: f32| ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
-    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 }
 
 fn resize(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {

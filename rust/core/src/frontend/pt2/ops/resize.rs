@@ -1,6 +1,8 @@
-//! `upsample_nearest{1,2,3}d`, `_upsample_nearest_exact{1,2,3}d` and `upsample_bilinear2d` (both `align_corners` modes),
-//! decomposed per spatial axis into gathers with constant indices: nearest is one
-//! `index_select`, linear is two gathers blended with constant weights. Source positions
+//! `upsample_nearest{1,2,3}d`, `_upsample_nearest_exact{1,2,3}d`, `upsample_linear1d`,
+//! `upsample_bilinear2d`, `upsample_trilinear3d` and `upsample_bicubic2d` (both
+//! `align_corners` modes), decomposed per spatial axis into
+//! gathers with constant indices: nearest is one `index_select`, linear two gathers blended
+//! with constant weights, cubic four. Source positions
 //! are computed in f32 as torch's CPU kernels do, so the same pixels are picked.
 
 use super::{tensor, Handler};
@@ -8,7 +10,7 @@ use crate::dim::{format_shape, Dim};
 use crate::error::{Error, Result};
 use crate::frontend::pt2::args::{Arg, NodeArgs};
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::frontend::resample::{blend, index_const, Tap};
+use crate::frontend::resample::{blend, cubic_weights, index_const, Tap};
 use crate::ir::{Op, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
@@ -22,7 +24,10 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         "_upsample_nearest_exact1d" | "_upsample_nearest_exact2d" | "_upsample_nearest_exact3d" => {
             |c, n| nearest(c, n, true)
         }
-        "upsample_bilinear2d" => bilinear,
+        "upsample_linear1d" => |c, n| separable(c, n, Filter::Linear, 1),
+        "upsample_bilinear2d" => |c, n| separable(c, n, Filter::Linear, 2),
+        "upsample_trilinear3d" => |c, n| separable(c, n, Filter::Linear, 3),
+        "upsample_bicubic2d" => |c, n| separable(c, n, Filter::Cubic, 2),
         _ => return None,
     })
 }
@@ -114,20 +119,36 @@ fn nearest(ctx: &mut Ctx, n: &NodeArgs, exact: bool) -> Result<Out> {
     Ok(Out::Value(v))
 }
 
-fn bilinear(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+/// The interpolating filters: (bi/tri)linear and bicubic.
+#[derive(Clone, Copy, PartialEq)]
+enum Filter {
+    Linear,
+    Cubic,
+}
+
+/// torch's cubic coefficient (`get_cubic_upsample_coefficients`).
+const TORCH_CUBIC_A: f32 = -0.75;
+
+/// `filter` over the trailing `axes` spatial dims, one axis at a time.
+fn separable(ctx: &mut Ctx, n: &NodeArgs, filter: Filter, axes: usize) -> Result<Out> {
     let x = tensor(ctx, n, "input", 0)?;
     let align = n.bool("align_corners", 2, false)?;
-    let s = sizes(ctx, n, x, 2, 3)?;
+    let s = sizes(ctx, n, x, axes, 3)?;
     let dtype = ctx.b.dtype(x);
     if !dtype.is_float() {
+        let what = match filter {
+            Filter::Linear => "linear",
+            Filter::Cubic => "bicubic",
+        };
         return Err(Error::Compile(format!(
-            "node '{}': bilinear upsampling of {dtype}",
+            "node '{}': {what} upsampling of {dtype}",
             n.name
         )));
     }
-    // Width first, then height: the same products and sums as torch's kernel.
+    // The last axis first (width, then height, then depth): the same products and sums as
+    // torch's kernel, whose innermost interpolation runs along the last axis.
     let mut v = x;
-    for i in [1, 0] {
+    for i in (0..axes).rev() {
         let (len, out) = (s.lens[i], s.outs[i]);
         let axis = 2 + i;
         let scale = if align {
@@ -139,31 +160,43 @@ fn bilinear(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         } else {
             scale_value(s.scales[i], len, out)
         };
-        let (mut i0, mut i1, mut w0, mut w1) = (vec![], vec![], vec![], vec![]);
+        let width = match filter {
+            Filter::Linear => 2,
+            Filter::Cubic => 4,
+        };
+        let mut taps: Vec<Tap> = (0..width)
+            .map(|_| Tap {
+                index: Vec::with_capacity(out as usize),
+                weight: Vec::with_capacity(out as usize),
+            })
+            .collect();
         for o in 0..out {
-            let src = if align {
-                scale * o as f32
-            } else {
-                (scale * (o as f32 + 0.5) - 0.5).max(0.0)
+            // torch's `area_pixel_compute_source_index`: half-pixel centers, clamped at 0
+            // for linear only (cubic reads the clamped taps around a negative position).
+            let src = match (align, filter) {
+                (true, _) => scale * o as f32,
+                (false, Filter::Linear) => (scale * (o as f32 + 0.5) - 0.5).max(0.0),
+                (false, Filter::Cubic) => scale * (o as f32 + 0.5) - 0.5,
             };
-            let lo = (src.floor() as i64).min(len - 1);
-            let hi = (lo + 1).min(len - 1);
-            let lambda = (src - lo as f32).clamp(0.0, 1.0);
-            i0.push(lo);
-            i1.push(hi);
-            w0.push(1.0 - lambda);
-            w1.push(lambda);
+            // `guard_index_and_lambda`.
+            let base = (src.floor() as i64).min(len - 1);
+            let lambda = (src - base as f32).clamp(0.0, 1.0);
+            match filter {
+                Filter::Linear => {
+                    taps[0].index.push(base);
+                    taps[1].index.push((base + 1).min(len - 1));
+                    taps[0].weight.push(1.0 - lambda);
+                    taps[1].weight.push(lambda);
+                }
+                Filter::Cubic => {
+                    let w = cubic_weights(lambda, TORCH_CUBIC_A);
+                    for (j, tap) in taps.iter_mut().enumerate() {
+                        tap.index.push((base - 1 + j as i64).clamp(0, len - 1));
+                        tap.weight.push(w[j]);
+                    }
+                }
+            }
         }
-        let taps = [
-            Tap {
-                index: i0,
-                weight: w0,
-            },
-            Tap {
-                index: i1,
-                weight: w1,
-            },
-        ];
         v = blend(&mut ctx.b, v, axis, &taps)?;
     }
     Ok(Out::Value(v))
