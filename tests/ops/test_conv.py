@@ -1,8 +1,8 @@
 """Convolutions (1/2/3-d, stride, padding incl. 'same'/'valid', dilation, groups,
 depthwise, transposed), pooling (max/avg with ceil_mode, count_include_pad, dilation;
 adaptive avg/max), interpolate (nearest, linear, bilinear, trilinear and bicubic, with and
-without align_corners), pad modes, and the norms CNNs use (eval batch norm, group norm,
-instance norm)."""
+without align_corners), grid sampling, pad modes, and the norms CNNs use (eval batch norm,
+group norm, instance norm)."""
 
 import pytest
 import torch
@@ -242,6 +242,30 @@ def test_linear_and_trilinear(align_corners, backend):
         backend,
         **TOL,
     )
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(padding_mode, align_corners, backend):
+    # Positions past the edges (the grid spans [-1.3, 1.3]) read the padding.
+    kw = {"padding_mode": padding_mode, "align_corners": align_corners}
+    check(
+        lambda x, grid: (
+            F.grid_sample(x, grid, mode="bilinear", **kw),
+            F.grid_sample(x, grid, mode="nearest", **kw),
+        ),
+        [rand(2, 3, 5, 7), (torch.rand(2, 4, 6, 2) * 2.6 - 1.3)],
+        backend,
+        **TOL,
+    )
+
+
+def test_bicubic_grid_sample_is_named():
+    def f(x, grid):
+        return F.grid_sample(x, grid, mode="bicubic", align_corners=False)
+
+    with pytest.raises(ember.UnsupportedOpError, match="grid_sampler_2d"):
+        ember.compile(Fn(f), rand(1, 2, 4, 4), rand(1, 3, 3, 2), fallback="error")
 
 
 def test_unsupported_interpolation_is_named():

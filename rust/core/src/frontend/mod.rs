@@ -4,6 +4,7 @@
 pub mod builder;
 pub mod composites;
 pub mod conv;
+pub mod grid_sample;
 pub mod onnx;
 pub mod pt2;
 pub mod resample;

@@ -5,6 +5,7 @@
 mod conv;
 mod creation;
 mod elementwise;
+mod grid_sample;
 mod group_norm;
 mod index;
 mod linalg;
@@ -48,6 +49,7 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| pool::handler(name, overload))
         .or_else(|| resize::handler(name, overload))
         .or_else(|| sort::handler(name, overload))
+        .or_else(|| grid_sample::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.
