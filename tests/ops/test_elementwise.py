@@ -27,6 +27,9 @@ UNARY = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "reciprocal": torch.reciprocal,
+    "elu": lambda x: F.elu(x, alpha=0.7),
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, alpha=1.5),
 }
 
 POSITIVE = {

@@ -83,7 +83,22 @@ EINSUMS = {
     "bhqd,bhkd->bhqk": [(2, 3, 4, 8), (2, 3, 5, 8)],
     "i,i->": [(6,), (6,)],
     "ij->ji": [(3, 4)],
+    "ii->i": [(4, 4)],  # a diagonal
+    "bii->b": [(2, 3, 3)],  # a batched trace
 }
+
+
+def test_diagonal(backend):
+    check(
+        lambda x: (
+            torch.diagonal(x),
+            torch.diagonal(x, offset=2, dim1=1, dim2=2),
+            torch.diagonal(x, offset=-1, dim1=-1, dim2=0),
+            x.diagonal(offset=9),  # past the edge: empty
+        ),
+        [rand(3, 4, 6)],
+        backend,
+    )
 
 
 @pytest.mark.parametrize("eq", sorted(EINSUMS))

@@ -49,6 +49,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("clone" | "alias" | "detach" | "lift_fresh_copy" | "contiguous", _) => identity,
         ("dropout", "default") => identity,
         ("leaky_relu", "default") => leaky_relu,
+        ("elu", "default") => elu,
         _ => return None,
     })
 }
@@ -375,6 +376,46 @@ fn identity(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         ));
     }
     Ok(Out::Value(x))
+}
+
+/// `elu(x, alpha, scale, input_scale)` (torch's decompositions also route CELU and SELU here):
+/// `scale·x` above 0, `alpha·scale·expm1(input_scale·x)` at or below, as torch's kernel.
+fn elu(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let dtype = ctx.b.dtype(x);
+    if !dtype.is_float() {
+        return Err(Error::Compile(format!(
+            "node '{}' (aten.elu): input of {dtype}, not a float type",
+            n.name
+        )));
+    }
+    let arg = |name: &str, pos: usize| -> Result<f64> {
+        Ok(n.scalar(name, pos)?.map_or(1.0, Scalar::as_f64))
+    };
+    let (alpha, scale, input_scale) = (arg("alpha", 1)?, arg("scale", 2)?, arg("input_scale", 3)?);
+    let mul = |ctx: &mut Ctx, v: ValueId, by: f64| {
+        ctx.b.binary_in(
+            BinaryOp::Mul,
+            Operand::Tensor(v),
+            Operand::Scalar(Scalar::Float(by)),
+            dtype,
+        )
+    };
+    let pos = ctx.b.binary_in(
+        BinaryOp::Gt,
+        Operand::Tensor(x),
+        Operand::Scalar(Scalar::Int(0)),
+        dtype,
+    )?;
+    let above = mul(ctx, x, scale)?;
+    let inner = mul(ctx, x, input_scale)?;
+    let grown = ctx.b.unary(UnaryOp::Expm1, inner)?;
+    let below = mul(ctx, grown, alpha * scale)?;
+    Ok(Out::Value(ctx.b.where_(
+        pos,
+        Operand::Tensor(above),
+        Operand::Tensor(below),
+    )?))
 }
 
 fn leaky_relu(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {

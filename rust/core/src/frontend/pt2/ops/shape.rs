@@ -18,6 +18,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
         ("view" | "_unsafe_view" | "reshape" | "view_copy", "default") => view,
         ("permute" | "permute_copy", "default") => permute,
+        ("diagonal" | "diagonal_copy", "default") => diagonal,
         ("t", "default") => transpose,
         ("transpose", "int") => transpose,
         ("expand" | "expand_copy", "default") => expand,
@@ -114,6 +115,52 @@ fn permute(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .map(|&d| axis(ctx, x, d))
         .collect::<Result<Vec<_>>>()?;
     Ok(Out::Value(ctx.b.op(Op::Permute { perm }, &[x])?))
+}
+
+/// `diagonal(x, offset, dim1, dim2)`: the two dims moved last and flattened, then the
+/// diagonal's elements picked with constant indices (static sizes of those two dims).
+fn diagonal(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let offset = n.opt_int("offset", 1)?.unwrap_or(0);
+    let d1 = axis(ctx, x, n.opt_int("dim1", 2)?.unwrap_or(0))?;
+    let d2 = axis(ctx, x, n.opt_int("dim2", 3)?.unwrap_or(1))?;
+    let shape = ctx.b.shape(x);
+    if d1 == d2 {
+        return Err(Error::Shape(format!(
+            "node '{}' (aten.diagonal): dim1 and dim2 are both {d1} for input {}",
+            n.name,
+            crate::dim::format_shape(&shape)
+        )));
+    }
+    let (Some(rows), Some(cols)) = (shape[d1].as_const(), shape[d2].as_const()) else {
+        return Err(Error::unsupported_because(
+            "aten.diagonal",
+            &n.name,
+            "symbolic sizes of the two dims",
+        ));
+    };
+    // Element i of the diagonal is (i, i + offset), or (i - offset, i) below the main one.
+    let (r0, c0) = if offset >= 0 {
+        (0, offset)
+    } else {
+        (-offset, 0)
+    };
+    let len = (rows - r0).min(cols - c0).max(0);
+    let picks: Vec<i64> = (0..len).map(|i| (r0 + i) * cols + c0 + i).collect();
+    let mut perm: Vec<usize> = (0..shape.len()).filter(|&d| d != d1 && d != d2).collect();
+    perm.extend([d1, d2]);
+    let moved = ctx.b.op(Op::Permute { perm: perm.clone() }, &[x])?;
+    let mut flat: Vec<Dim> = perm[..perm.len() - 2]
+        .iter()
+        .map(|&d| shape[d].clone())
+        .collect();
+    flat.push(Dim::Const(rows * cols));
+    let moved = ctx.b.reshape(moved, flat.clone())?;
+    let idx = index_const(&mut ctx.b, &picks)?;
+    let axis = flat.len() - 1;
+    Ok(Out::Value(
+        ctx.b.op(Op::IndexSelect { axis }, &[moved, idx])?,
+    ))
 }
 
 fn transpose(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
