@@ -1,5 +1,6 @@
 """sort and argsort (an `Argsort` op: stable, NaN above every number), topk beyond a few
-rounds of selection, histc, and the grouped matrix products of mixture-of-experts layers."""
+rounds of selection, histc, bucketize and searchsorted, and the grouped matrix products of
+mixture-of-experts layers."""
 
 import ember
 import pytest
@@ -196,3 +197,30 @@ def test_grouped_mm_of_a_decoded_token(transposed, backend):
     offs = torch.tensor([1, 1, 4], dtype=torch.int32)
     x, w = _grouped(backend, rand(4, 256), w)
     check(experts, [x, w, offs], backend, **_grouped_tol(backend, rtol=1e-5, atol=1e-4))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_bucketize_and_searchsorted(right, backend):
+    # Values on the edges themselves (where `right` decides), past both ends, and NaN
+    # (torch puts it past the end).
+    edges = torch.tensor([-1.0, 0.0, 0.5, 2.0])
+    rows = torch.tensor([[-2.0, -1.0, 3.0], [0.0, 0.25, 0.5]])
+
+    def fn(x, y):
+        return (
+            torch.bucketize(x, edges, right=right),
+            torch.bucketize(x, edges, right=right, out_int32=True),
+            torch.searchsorted(edges, x, right=right),
+            torch.searchsorted(rows, y, side="right" if right else "left"),
+        )
+
+    x = torch.tensor([[-3.0, -1.0, 0.0, 0.2], [0.5, 2.0, 5.0, float("nan")]])
+    check(fn, [x, rand(2, 5, low=-3, high=4)], backend, new_inputs=[rand(2, 4), rand(2, 5)])
+
+
+def test_searchsorted_with_a_sorter_is_named():
+    def fn(seq, x):
+        return torch.searchsorted(seq, x, sorter=torch.argsort(seq))
+
+    with pytest.raises(ember.UnsupportedOpError, match="sorter"):
+        ember.compile(Fn(fn), rand(6), rand(3), fallback="error")

@@ -1,13 +1,15 @@
-//! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`).
+//! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`); `aten.bucketize` and
+//! `aten.searchsorted` (positions in a sorted sequence).
 
 use super::{axis, tensor, Handler};
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
 use crate::frontend::sort::{sort, top_k};
-use crate::ir::ValueId;
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 
 /// Where `dim` and `descending` sit: positional in the default overloads, keyword-only
 /// (after `*, stable`) in the `.stable` ones.
@@ -21,6 +23,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("sort", "stable") => |c, n| sort_values(c, n, KEYWORD),
         ("argsort", "default") => |c, n| argsort(c, n, POSITIONAL),
         ("argsort", "stable") => |c, n| argsort(c, n, KEYWORD),
+        ("bucketize", "Tensor") => bucketize,
+        ("searchsorted", "Tensor") => searchsorted,
         _ => return None,
     })
 }
@@ -95,4 +99,90 @@ fn topk(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     }
     let (values, indices) = top_k(&mut ctx.b, x, a, k, largest)?;
     Ok(Out::Values(vec![Some(values), Some(indices)]))
+}
+
+/// The insertion positions of `values` in `sorted` (its last axis; a 1-D sequence serves
+/// every value, an N-D one the values of its row): the count of entries that are not ≥ the
+/// value (`right`: not >), as torch's binary search counts them, so a NaN value lands past
+/// the end as it does in torch. Compares every value with every entry: a sequence is a few
+/// bucket edges in the models that use these.
+fn positions(
+    ctx: &mut Ctx,
+    sorted: ValueId,
+    values: ValueId,
+    right: bool,
+    out_int32: bool,
+) -> Result<ValueId> {
+    let vs = ctx.b.shape(values);
+    let mut vcol = vs.clone();
+    vcol.push(Dim::Const(1));
+    let v = ctx.b.reshape(values, vcol)?;
+    let ss = ctx.b.shape(sorted);
+    let s = if ss.len() > 1 {
+        let mut srow = ss.clone();
+        srow.insert(ss.len() - 1, Dim::Const(1));
+        ctx.b.reshape(sorted, srow)?
+    } else {
+        sorted
+    };
+    let op = if right { BinaryOp::Gt } else { BinaryOp::Ge };
+    let past = ctx.b.binary(op, Operand::Tensor(s), Operand::Tensor(v))?;
+    let before = ctx.b.unary(UnaryOp::Not, past)?;
+    let before = ctx.b.cast(before, DType::I64)?;
+    let axis = ctx.b.rank(before) - 1;
+    let count = ctx.b.op(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![axis],
+            keepdim: false,
+        },
+        &[before],
+    )?;
+    match out_int32 {
+        true => ctx.b.cast(count, DType::I32),
+        false => Ok(count),
+    }
+}
+
+fn bucketize(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let edges = tensor(ctx, n, "boundaries", 1)?;
+    if ctx.b.rank(edges) != 1 {
+        return Err(Error::Shape(format!(
+            "node '{}' (aten.bucketize): boundaries must be 1-D, not {}",
+            n.name,
+            crate::dim::format_shape(&ctx.b.shape(edges))
+        )));
+    }
+    let out_int32 = n.bool("out_int32", usize::MAX, false)?;
+    let right = n.bool("right", usize::MAX, false)?;
+    Ok(Out::Value(positions(ctx, edges, x, right, out_int32)?))
+}
+
+fn searchsorted(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let seq = tensor(ctx, n, "sorted_sequence", 0)?;
+    let x = tensor(ctx, n, "self", 1)?;
+    if n.opt_tensor("sorter", usize::MAX)?.is_some() {
+        return Err(Error::unsupported_because(
+            "aten.searchsorted",
+            &n.name,
+            "a sorter (sort the sequence first)",
+        ));
+    }
+    let (ss, xs) = (ctx.b.shape(seq), ctx.b.shape(x));
+    if ss.len() > 1 && (xs.len() != ss.len() || xs[..xs.len() - 1] != ss[..ss.len() - 1]) {
+        return Err(Error::Shape(format!(
+            "node '{}' (aten.searchsorted): sequence {} and values {} differ in their leading dims",
+            n.name,
+            crate::dim::format_shape(&ss),
+            crate::dim::format_shape(&xs)
+        )));
+    }
+    let out_int32 = n.bool("out_int32", usize::MAX, false)?;
+    // `side` ("left"/"right"), when given, is what `right` says.
+    let right = match n.string("side", usize::MAX)? {
+        Some(side) => side == "right",
+        None => n.bool("right", usize::MAX, false)?,
+    };
+    Ok(Out::Value(positions(ctx, seq, x, right, out_int32)?))
 }
