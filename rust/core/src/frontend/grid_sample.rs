@@ -80,7 +80,7 @@ struct Tap {
 }
 
 /// `x` ([N, C, spatial..]) sampled at `grid` ([N, out spatial.., r]; its last component the
-/// last spatial axis), both float and already checked to match by the caller.
+/// last spatial axis), both float; the caller checks the shapes match (naming its node).
 pub fn grid_sample(
     b: &mut Builder,
     x: ValueId,
@@ -92,6 +92,15 @@ pub fn grid_sample(
     let dtype = b.dtype(x);
     let (xs, gs) = (b.shape(x), b.shape(grid));
     let r = xs.len().saturating_sub(2);
+    if r == 0 || gs.len() != r + 2 {
+        // The frontends check this with the node's name; a caller that did not gets an
+        // error, not an index out of bounds.
+        return Err(Error::Shape(format!(
+            "grid sample: grid {} for input {}",
+            crate::dim::format_shape(&gs),
+            crate::dim::format_shape(&xs)
+        )));
+    }
     let grid = b.cast(grid, dtype)?;
     let (batch, channels) = (xs[0].clone(), xs[1].clone());
     let spatial = xs[2..].to_vec();

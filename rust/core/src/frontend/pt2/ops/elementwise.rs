@@ -401,21 +401,24 @@ fn elu(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
             dtype,
         )
     };
+    let above = mul(ctx, x, scale)?;
+    let inner = mul(ctx, x, input_scale)?;
+    let grown = ctx.b.unary(UnaryOp::Expm1, inner)?;
+    let below = mul(ctx, grown, alpha * scale)?;
+    Ok(Out::Value(where_positive(ctx, x, above, below)?))
+}
+
+/// `above` where `x > 0`, else `below` (a NaN `x` takes `below`, as torch's kernels do).
+fn where_positive(ctx: &mut Ctx, x: ValueId, above: ValueId, below: ValueId) -> Result<ValueId> {
+    let dtype = ctx.b.dtype(x);
     let pos = ctx.b.binary_in(
         BinaryOp::Gt,
         Operand::Tensor(x),
         Operand::Scalar(Scalar::Int(0)),
         dtype,
     )?;
-    let above = mul(ctx, x, scale)?;
-    let inner = mul(ctx, x, input_scale)?;
-    let grown = ctx.b.unary(UnaryOp::Expm1, inner)?;
-    let below = mul(ctx, grown, alpha * scale)?;
-    Ok(Out::Value(ctx.b.where_(
-        pos,
-        Operand::Tensor(above),
-        Operand::Tensor(below),
-    )?))
+    ctx.b
+        .where_(pos, Operand::Tensor(above), Operand::Tensor(below))
 }
 
 fn leaky_relu(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
@@ -424,21 +427,11 @@ fn leaky_relu(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .scalar("negative_slope", 1)?
         .unwrap_or(Scalar::Float(0.01));
     let dtype = ctx.b.dtype(x);
-    let pos = ctx.b.binary_in(
-        BinaryOp::Gt,
-        Operand::Tensor(x),
-        Operand::Scalar(Scalar::Int(0)),
-        dtype,
-    )?;
     let scaled = ctx.b.binary_in(
         BinaryOp::Mul,
         Operand::Tensor(x),
         Operand::Scalar(slope),
         dtype,
     )?;
-    Ok(Out::Value(ctx.b.where_(
-        pos,
-        Operand::Tensor(x),
-        Operand::Tensor(scaled),
-    )?))
+    Ok(Out::Value(where_positive(ctx, x, x, scaled)?))
 }

@@ -52,7 +52,8 @@ fn reduce_axes(ctx: &Ctx, n: &NodeArgs, x: ValueId, pos: usize) -> Result<Vec<us
     Ok(axes)
 }
 
-fn reduce(
+/// `op` over `axes` of `x`.
+pub(super) fn reduce(
     ctx: &mut Ctx,
     x: ValueId,
     op: ReduceOp,

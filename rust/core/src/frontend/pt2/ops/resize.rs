@@ -1,9 +1,9 @@
 //! `upsample_nearest{1,2,3}d`, `_upsample_nearest_exact{1,2,3}d`, `upsample_linear1d`,
 //! `upsample_bilinear2d`, `upsample_trilinear3d` and `upsample_bicubic2d` (both
-//! `align_corners` modes), decomposed per spatial axis into
-//! gathers with constant indices: nearest is one `index_select`, linear two gathers blended
-//! with constant weights, cubic four. Source positions
-//! are computed in f32 as torch's CPU kernels do, so the same pixels are picked.
+//! `align_corners` modes), decomposed per spatial axis into gathers with constant indices:
+//! nearest is one `index_select`, linear two gathers blended with constant weights, cubic
+//! four. Source positions are computed in f32 as torch's CPU kernels do, so the same pixels
+//! are picked.
 
 use super::{tensor, Handler};
 use crate::dim::{format_shape, Dim};
@@ -85,6 +85,10 @@ fn sizes(ctx: &Ctx, n: &NodeArgs, x: ValueId, k: usize, scale_pos: usize) -> Res
     };
     if outs.iter().any(|&o| o < 1) {
         return Err(bad(&format!("output size {outs:?}")));
+    }
+    // An empty input has no pixel to read (its taps would index -1), as torch says too.
+    if lens.iter().any(|&l| l < 1) {
+        return Err(bad("empty spatial dims"));
     }
     Ok(Sizes { lens, outs, scales })
 }

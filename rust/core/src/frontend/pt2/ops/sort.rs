@@ -1,6 +1,7 @@
 //! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`); `aten.bucketize` and
 //! `aten.searchsorted` (positions in a sorted sequence).
 
+use super::reduce::reduce;
 use super::{axis, tensor, Handler};
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
@@ -9,7 +10,7 @@ use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
 use crate::frontend::sort::{sort, top_k};
-use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, ReduceOp, UnaryOp, ValueId};
 
 /// Where `dim` and `descending` sit: positional in the default overloads, keyword-only
 /// (after `*, stable`) in the `.stable` ones.
@@ -130,14 +131,7 @@ fn positions(
     let before = ctx.b.unary(UnaryOp::Not, past)?;
     let before = ctx.b.cast(before, DType::I64)?;
     let axis = ctx.b.rank(before) - 1;
-    let count = ctx.b.op(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![axis],
-            keepdim: false,
-        },
-        &[before],
-    )?;
+    let count = reduce(ctx, before, ReduceOp::Sum, vec![axis], false)?;
     match out_int32 {
         true => ctx.b.cast(count, DType::I32),
         false => Ok(count),
@@ -181,7 +175,14 @@ fn searchsorted(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let out_int32 = n.bool("out_int32", usize::MAX, false)?;
     // `side` ("left"/"right"), when given, is what `right` says.
     let right = match n.string("side", usize::MAX)? {
-        Some(side) => side == "right",
+        Some("left") => false,
+        Some("right") => true,
+        Some(other) => {
+            return Err(Error::Compile(format!(
+                "node '{}' (aten.searchsorted): side must be 'left' or 'right', not '{other}'",
+                n.name
+            )))
+        }
         None => n.bool("right", usize::MAX, false)?,
     };
     Ok(Out::Value(positions(ctx, seq, x, right, out_int32)?))
