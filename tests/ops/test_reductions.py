@@ -117,3 +117,24 @@ def test_cumsum(backend):
         backend,
         rtol=1e-5,
     )
+
+
+def test_cumprod_cummax_cummin(backend):
+    """Running products, maxima and minima with their indices; ties move the index to the
+    latest equal element and a NaN stays once seen, as in torch."""
+
+    def fn(x, i, t):
+        mx, mn = torch.cummax(x, 1), torch.cummin(t, 0)
+        return torch.cumprod(x * 0.9, 1), i.cumprod(0), mx.values, mx.indices, mn, t.cummax(1)
+
+    x = rand(3, 9)
+    x[1, 4] = float("nan")
+    ties = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0], [0.0, -1.0, -1.0, 5.0, -1.0]])
+    check(fn, [x, rand(5, 2, dtype=torch.int32, low=-3, high=3), ties], backend, rtol=1e-5)
+
+
+def test_cummax_of_ints_and_a_transposed_input(backend):
+    def fn(i, x):
+        return torch.cummax(i, -1), torch.cummin(x.transpose(0, 1), 1)
+
+    check(fn, [rand(4, 6, dtype=torch.int64, low=-4, high=4), rand(5, 3)], backend)

@@ -92,7 +92,7 @@ impl CostModel for DefaultCost {
                     .unwrap_or(1.0);
                 OP_OVERHEAD + q * s / 4.0 + ins + out
             }
-            Op::Reduce { .. } | Op::Cumsum { .. } => OP_OVERHEAD + ins + out,
+            Op::Reduce { .. } | Op::Scan { .. } => OP_OVERHEAD + ins + out,
             _ => OP_OVERHEAD + ins + out,
         }
     }

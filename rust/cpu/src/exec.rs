@@ -545,7 +545,7 @@ pub(crate) fn eval(
         Op::Gather { axis } => index::gather(arg(0)?, arg(1)?, *axis),
         Op::IndexSelect { axis } => index::index_select(arg(0)?, arg(1)?, *axis, shape),
         Op::Scatter { axis, reduce } => index::scatter(arg(0)?, arg(1)?, arg(2)?, *axis, *reduce),
-        Op::Cumsum { axis } => reduce::cumsum(arg(0)?, *axis),
+        Op::Scan { axis, op } => reduce::scan(arg(0)?, *axis, *op),
         Op::Argsort { axis, descending } => reduce::argsort(arg(0)?, *axis, *descending),
         Op::GroupedDot => dot::grouped_dot(arg(0)?, arg(1)?, arg(2)?, threads),
         Op::BlockQuantDot { bits, block } => crate::kernels::block_quant_dot::block_quant_dot(

@@ -10,7 +10,7 @@ use ember_core::backend::{Backend, Weights};
 use ember_core::dim::Dim;
 use ember_core::dtype::{DType, Scalar};
 use ember_core::interp::{self, Value};
-use ember_core::ir::{ConstData, Graph, Op};
+use ember_core::ir::{ConstData, Graph, Op, ScanOp};
 use ember_core::tensor::HostTensor;
 use ember_cpu::CpuBackend;
 
@@ -134,7 +134,16 @@ fn views_and_movement() {
             "pad",
         )
         .unwrap();
-    let c = g.add(Op::Cumsum { axis: 0 }, &[pad], "cs").unwrap();
+    let c = g
+        .add(
+            Op::Scan {
+                axis: 0,
+                op: ScanOp::Sum,
+            },
+            &[pad],
+            "cs",
+        )
+        .unwrap();
     let cat = g
         .add(Op::Concat { axis: 1 }, &[pad, c, pad], "cat")
         .unwrap();
@@ -167,7 +176,16 @@ fn views_and_movement() {
         let cat = g.add(Op::Concat { axis: 0 }, &[pad, pad], "cat").unwrap();
         g.outputs.extend([r, cat]);
         if dtype != DType::Bool {
-            let c = g.add(Op::Cumsum { axis: 1 }, &[t], "cs").unwrap();
+            let c = g
+                .add(
+                    Op::Scan {
+                        axis: 1,
+                        op: ScanOp::Sum,
+                    },
+                    &[t],
+                    "cs",
+                )
+                .unwrap();
             g.outputs.push(c);
         }
         let v = random(&mut rng, dtype, &[3, 4], -9.0, 9.0);

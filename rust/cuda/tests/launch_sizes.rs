@@ -11,7 +11,7 @@ use common::{check_against_reference, input, values};
 use ember_core::backend::Weights;
 use ember_core::dtype::DType;
 use ember_core::interp::Value;
-use ember_core::ir::{Graph, Op, ReduceOp};
+use ember_core::ir::{Graph, Op, ReduceOp, ScanOp};
 use ember_cuda::codegen::StepKind;
 
 /// Rows several blocks apart, longer than a block (300 > 256 threads).
@@ -86,7 +86,15 @@ fn softmax_and_norms_over_long_rows() {
 
 #[test]
 fn cumsum_and_argsort_of_long_lines() {
-    check_unary("cumsum", DType::F32, &[ROWS, WIDTH], Op::Cumsum { axis: 1 });
+    check_unary(
+        "cumsum",
+        DType::F32,
+        &[ROWS, WIDTH],
+        Op::Scan {
+            axis: 1,
+            op: ScanOp::Sum,
+        },
+    );
     for descending in [false, true] {
         let op = Op::Argsort {
             axis: 1,

@@ -299,7 +299,7 @@ fn eval_node<'a>(
         Op::Scatter { axis, reduce } => {
             movement::scatter(x()?, *axis, one(args, 1)?, one(args, 2)?, *reduce)?
         }
-        Op::Cumsum { axis } => reduce::cumsum(*axis, x()?)?,
+        Op::Scan { axis, op } => reduce::scan(*axis, *op, x()?)?,
         Op::Argsort { axis, descending } => reduce::argsort(*axis, *descending, x()?)?,
         Op::GroupedDot => linalg::grouped_dot(x()?, one(args, 1)?, one(args, 2)?)?,
         Op::Softmax { axis, log } => reduce::softmax(*axis, *log, x()?)?,

@@ -3,7 +3,7 @@
 use super::value::{checked_numel, try_for_each_index, Data, Value};
 use super::R;
 use crate::dtype::DType;
-use crate::ir::ReduceOp;
+use crate::ir::{ReduceOp, ScanOp};
 
 /// `(outer, n, inner)`: element `(o, j, i)` of the line through `axis` is at
 /// `(o * n + j) * inner + i`.
@@ -144,28 +144,38 @@ pub(crate) fn reduce(op: ReduceOp, axes: &[usize], keepdim: bool, x: &Value) -> 
     Ok(Value::from_data(dtype, out_shape, data))
 }
 
-/// Inclusive prefix sum along `axis` (f64 for floats, wrapping i64 for integers).
-pub(crate) fn cumsum(axis: usize, x: &Value) -> R<Value> {
+/// Inclusive scan along `axis`: floats in f64, integers wrapping i64; max/min keep a NaN
+/// once seen (torch's rule: take x when x ≥ acc or x is NaN).
+pub(crate) fn scan(axis: usize, op: ScanOp, x: &Value) -> R<Value> {
     let (outer, n, inner) = lines(&x.shape, axis)?;
     let mut data = x.data.clone();
+    fn line<T: Copy + PartialOrd>(
+        v: &mut [T],
+        at: impl Fn(usize) -> usize,
+        n: usize,
+        step: impl Fn(T, T) -> T,
+    ) {
+        for j in 1..n {
+            v[at(j)] = step(v[at(j - 1)], v[at(j)]);
+        }
+    }
+    let keep_nan = |take: bool, s: f64| take || s.is_nan();
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| (o * n + j) * inner + i;
             match &mut data {
-                Data::F(v) => {
-                    let mut acc = 0.0;
-                    for j in 0..n {
-                        acc += v[at(j)];
-                        v[at(j)] = acc;
-                    }
-                }
-                Data::I(v) => {
-                    let mut acc = 0i64;
-                    for j in 0..n {
-                        acc = acc.wrapping_add(v[at(j)]);
-                        v[at(j)] = acc;
-                    }
-                }
+                Data::F(v) => match op {
+                    ScanOp::Sum => line(v, at, n, |a, s| a + s),
+                    ScanOp::Prod => line(v, at, n, |a, s| a * s),
+                    ScanOp::Max => line(v, at, n, |a, s| if keep_nan(s >= a, s) { s } else { a }),
+                    ScanOp::Min => line(v, at, n, |a, s| if keep_nan(s <= a, s) { s } else { a }),
+                },
+                Data::I(v) => match op {
+                    ScanOp::Sum => line(v, at, n, i64::wrapping_add),
+                    ScanOp::Prod => line(v, at, n, i64::wrapping_mul),
+                    ScanOp::Max => line(v, at, n, i64::max),
+                    ScanOp::Min => line(v, at, n, i64::min),
+                },
             }
         }
     }

@@ -4,7 +4,7 @@ use super::tests::{apply, apply_ok, assert_close, assert_f, dims, fv, iv};
 use super::*;
 use crate::dim::Dim;
 use crate::dtype::DType::*;
-use crate::ir::ReduceOp;
+use crate::ir::{ReduceOp, ScanOp};
 
 fn reduce(op: ReduceOp, axes: &[usize], keepdim: bool, x: &Value) -> Result<Value> {
     let op = Op::Reduce {
@@ -107,12 +107,49 @@ fn max_min_and_arg_reductions() {
 #[test]
 fn cumsum_along_each_axis() {
     let x = iv(I64, &[2, 3], &[1, 2, 3, 4, 5, 6]);
-    let c = apply_ok(Op::Cumsum { axis: 1 }, std::slice::from_ref(&x));
+    let c = apply_ok(
+        Op::Scan {
+            axis: 1,
+            op: ScanOp::Sum,
+        },
+        std::slice::from_ref(&x),
+    );
     assert_eq!(c.to_i64_vec(), [1, 3, 6, 4, 9, 15]);
-    let c = apply_ok(Op::Cumsum { axis: 0 }, &[x]);
+    let c = apply_ok(
+        Op::Scan {
+            axis: 0,
+            op: ScanOp::Sum,
+        },
+        &[x],
+    );
     assert_eq!(c.to_i64_vec(), [1, 2, 3, 5, 7, 9]);
     let f = fv(F32, &[3], &[0.5, 0.25, -1.0]);
-    assert_f(&apply_ok(Op::Cumsum { axis: 0 }, &[f]), &[0.5, 0.75, -0.25]);
+    assert_f(
+        &apply_ok(
+            Op::Scan {
+                axis: 0,
+                op: ScanOp::Sum,
+            },
+            &[f],
+        ),
+        &[0.5, 0.75, -0.25],
+    );
+}
+
+#[test]
+fn cumprod_cummax_cummin_and_nan() {
+    let x = iv(I64, &[2, 3], &[2, -1, 3, 4, 5, 1]);
+    let scan = |op, v: &Value| apply_ok(Op::Scan { axis: 1, op }, std::slice::from_ref(v));
+    assert_eq!(scan(ScanOp::Prod, &x).to_i64_vec(), [2, -2, -6, 4, 20, 20]);
+    assert_eq!(scan(ScanOp::Max, &x).to_i64_vec(), [2, 2, 3, 4, 5, 5]);
+    assert_eq!(scan(ScanOp::Min, &x).to_i64_vec(), [2, -1, -1, 4, 4, 1]);
+    // A NaN stays the running max/min once seen.
+    let f = fv(F32, &[1, 4], &[1.0, f64::NAN, 3.0, -2.0]);
+    let m = scan(ScanOp::Max, &f).to_f64_vec();
+    assert_eq!(m[0], 1.0);
+    assert!(m[1..].iter().all(|v| v.is_nan()), "{m:?}");
+    let m = scan(ScanOp::Min, &f).to_f64_vec();
+    assert!(m[1..].iter().all(|v| v.is_nan()), "{m:?}");
 }
 
 #[test]

@@ -498,7 +498,7 @@ pub fn infer_type(
             same_dim(&w.shape[0], &ends.shape[0], "grouped dot group count")?;
             TensorType::new(x.dtype, vec![x.shape[0].clone(), w.shape[2].clone()])
         }
-        Op::Cumsum { axis } | Op::Softmax { axis, .. } => {
+        Op::Scan { axis, .. } | Op::Softmax { axis, .. } => {
             let x = single_input(op, inputs)?;
             check_axis(*axis, x.rank(), op)?;
             if matches!(op, Op::Softmax { .. }) && !x.dtype.is_float() {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use infer::infer_type;
-pub use op::{BinaryOp, ConstData, Op, PoolKind, ReduceOp, ScatterReduce, UnaryOp};
+pub use op::{BinaryOp, ConstData, Op, PoolKind, ReduceOp, ScanOp, ScatterReduce, UnaryOp};
 pub use verify::verify;
 
 use crate::dim::{Dim, SymbolRange};

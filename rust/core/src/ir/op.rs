@@ -242,6 +242,30 @@ impl ReduceOp {
     }
 }
 
+/// What a `Scan` accumulates along its axis: out[j] = x[0] ⊕ … ⊕ x[j].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScanOp {
+    /// Floats accumulate in f64 (as torch's CPU kernel), integers wrap, bools or.
+    Sum,
+    /// Floats accumulate in f64, integers wrap, bools and.
+    Prod,
+    /// The running maximum; a NaN stays once seen, as in torch.
+    Max,
+    /// The running minimum; a NaN stays once seen, as in torch.
+    Min,
+}
+
+impl ScanOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanOp::Sum => "cumsum",
+            ScanOp::Prod => "cumprod",
+            ScanOp::Max => "cummax",
+            ScanOp::Min => "cummin",
+        }
+    }
+}
+
 /// How `Scatter` combines an update with the element it lands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ScatterReduce {
@@ -391,9 +415,10 @@ pub enum Op {
         axis: usize,
         reduce: ScatterReduce,
     },
-    /// Inclusive prefix sum along `axis`.
-    Cumsum {
+    /// Inclusive scan along `axis` (cumsum, cumprod, cummax, cummin): the input's type.
+    Scan {
         axis: usize,
+        op: ScanOp,
     },
     /// The positions that sort each line along `axis` (i64, the input's shape): ascending or
     /// descending, stable (equal elements keep their order). NaN ranks above every number
@@ -500,7 +525,7 @@ impl Op {
             Op::Gather { .. } => "gather".into(),
             Op::IndexSelect { .. } => "index_select".into(),
             Op::Scatter { .. } => "scatter".into(),
-            Op::Cumsum { .. } => "cumsum".into(),
+            Op::Scan { op, .. } => op.name().into(),
             Op::Argsort { .. } => "argsort".into(),
             Op::GroupedDot => "grouped_dot".into(),
             Op::Softmax { log: false, .. } => "softmax".into(),

@@ -31,7 +31,7 @@ impl fmt::Display for Graph {
                 Op::Concat { axis }
                 | Op::Gather { axis }
                 | Op::IndexSelect { axis }
-                | Op::Cumsum { axis } => format!("axis={axis}"),
+                | Op::Scan { axis, .. } => format!("axis={axis}"),
                 Op::Argsort { axis, descending } => {
                     format!("axis={axis} descending={descending}")
                 }

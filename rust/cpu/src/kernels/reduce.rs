@@ -1,9 +1,9 @@
-//! Reductions over any set of axes (sum, prod, max, min, argmax, argmin), cumsum and
-//! argsort. Float
+//! Reductions over any set of axes (sum, prod, max, min, argmax, argmin), scans (cumsum,
+//! cumprod, cummax, cummin) and argsort. Float
 //! sums and products accumulate in f64; integers wrap; bool sum/max is "any", prod/min "all".
 
 use ember_core::dtype::DType;
-use ember_core::ir::ReduceOp;
+use ember_core::ir::{ReduceOp, ScanOp};
 
 use super::{axis_last_perm, for_rows, unpermute};
 use crate::buffer::{Val, View};
@@ -361,7 +361,10 @@ fn arg<T: Copy + Send + Sync, K: Copy + PartialOrd>(
     });
 }
 
-pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
+/// Inclusive scan along `axis`: floats accumulate in f64 (as torch's CPU kernel does),
+/// integers wrap, bools or (sum, max) and and (prod, min). Max/min take the element when it
+/// is ≥ (≤) the running value or NaN, so a NaN stays once seen, as in torch.
+pub fn scan(x: &Val, axis: usize, op: ScanOp) -> KResult<Val> {
     let rank = x.shape().len();
     if rank == 0 {
         return Ok(x.clone());
@@ -369,14 +372,19 @@ pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
     let perm = axis_last_perm(rank, axis);
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     macro_rules! go {
-        ($T:ty, $init:expr, $step:expr, $fin:expr) => {{
+        ($T:ty, $A:ty, $load:expr, $step:expr, $store:expr) => {{
             let v = x.view::<$T>()?.permuted(&perm);
             let out = Val::build::<$T>(x.dtype, &shape, |o| {
                 for_rows(&v, o, |row, out_row| {
-                    let mut acc = $init;
+                    let mut acc: Option<$A> = None;
                     for (d, &s) in out_row.iter_mut().zip(row) {
-                        acc = $step(acc, s);
-                        *d = $fin(acc);
+                        let s: $A = $load(s);
+                        let a = match acc {
+                            Some(a) => $step(a, s),
+                            None => s,
+                        };
+                        acc = Some(a);
+                        *d = $store(a);
                     }
                 });
                 Ok(())
@@ -385,19 +393,38 @@ pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
         }};
     }
     macro_rules! float {
-        ($T:ty) => {
-            go!(
-                $T,
-                0.0f64,
-                |a: f64, s: $T| a + s.to_f64(),
-                <$T as Elem>::from_f64
-            )
-        };
+        ($T:ty) => {{
+            let (load, store) = (<$T as Elem>::to_f64, <$T as Elem>::from_f64);
+            match op {
+                ScanOp::Sum => go!($T, f64, load, |a, s| a + s, store),
+                ScanOp::Prod => go!($T, f64, load, |a, s| a * s, store),
+                ScanOp::Max => go!(
+                    $T,
+                    f64,
+                    load,
+                    |a, s: f64| if s >= a || s.is_nan() { s } else { a },
+                    store
+                ),
+                ScanOp::Min => go!(
+                    $T,
+                    f64,
+                    load,
+                    |a, s: f64| if s <= a || s.is_nan() { s } else { a },
+                    store
+                ),
+            }
+        }};
     }
     macro_rules! int {
-        ($T:ty) => {
-            go!($T, 0 as $T, |a: $T, s: $T| a.wrapping_add(s), |a: $T| a)
-        };
+        ($T:ty) => {{
+            let same = |s: $T| s;
+            match op {
+                ScanOp::Sum => go!($T, $T, same, <$T>::wrapping_add, same),
+                ScanOp::Prod => go!($T, $T, same, <$T>::wrapping_mul, same),
+                ScanOp::Max => go!($T, $T, same, <$T>::max, same),
+                ScanOp::Min => go!($T, $T, same, <$T>::min, same),
+            }
+        }};
     }
     match x.dtype {
         DType::F16 => float!(half::f16),
@@ -409,7 +436,13 @@ pub fn cumsum(x: &Val, axis: usize) -> KResult<Val> {
         DType::I16 => int!(i16),
         DType::I32 => int!(i32),
         DType::I64 => int!(i64),
-        DType::Bool => go!(B8, false, |a: bool, s: B8| a | s.get(), B8::new),
+        DType::Bool => {
+            let (load, store) = (|s: B8| s.get(), B8::new);
+            match op {
+                ScanOp::Sum | ScanOp::Max => go!(B8, bool, load, |a: bool, s| a | s, store),
+                ScanOp::Prod | ScanOp::Min => go!(B8, bool, load, |a: bool, s| a & s, store),
+            }
+        }
     }
 }
 

@@ -175,7 +175,7 @@ impl<'a> Generator<'a> {
             Op::Reduce { op, axes, .. } => self.reduce(id, *op, axes),
             Op::Softmax { axis, log } => self.softmax(id, *axis, *log),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => self.norm_kernel(id, None),
-            Op::Cumsum { axis } => self.cumsum(id, *axis),
+            Op::Scan { axis, op } => self.scan(id, *axis, *op),
             Op::Argsort { axis, descending } => self.argsort(id, *axis, *descending),
             Op::GroupedDot => self.grouped_dot(id),
             Op::BlockQuantDot { bits, block } => self.block_quant_dot(id, *bits, *block),

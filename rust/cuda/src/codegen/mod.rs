@@ -213,7 +213,7 @@ fn is_heavy(op: &Op) -> bool {
             | Op::Softmax { .. }
             | Op::LayerNorm { .. }
             | Op::RmsNorm { .. }
-            | Op::Cumsum { .. }
+            | Op::Scan { .. }
             | Op::Argsort { .. }
             | Op::GroupedDot
             | Op::BlockQuantDot { .. }

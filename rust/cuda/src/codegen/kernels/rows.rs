@@ -4,7 +4,7 @@
 
 use ember_core::dim::{numel, Dim};
 use ember_core::dtype::Kind;
-use ember_core::ir::ReduceOp;
+use ember_core::ir::{ReduceOp, ScanOp};
 
 use super::super::emit::Emitter;
 use super::super::types::{accumulate_type, store};
@@ -293,8 +293,14 @@ impl Generator<'_> {
         ))
     }
 
-    /// One thread per line along `axis`, summing serially.
-    pub(super) fn cumsum(&mut self, id: usize, axis: usize) -> Result<StepKind, CodegenError> {
+    /// One thread per line along `axis`, accumulating serially. Max/min take the element
+    /// when it is ≥ (≤) the running value or NaN, so a NaN stays once seen, as in torch.
+    pub(super) fn scan(
+        &mut self,
+        id: usize,
+        axis: usize,
+        op: ScanOp,
+    ) -> Result<StepKind, CodegenError> {
         let g = self.g;
         let x = g.nodes[id].inputs[0];
         let shape = g.nodes[id].ty.shape.clone();
@@ -307,11 +313,20 @@ impl Generator<'_> {
         e.line(format!("const i64 len = {};", e.dim(&len)));
         e.open("for (i64 line = (i64)blockIdx.x * blockDim.x + threadIdx.x; line < lines; line += (i64)gridDim.x * blockDim.x)");
         let lidx = e.unravel("line", &lines);
-        e.line(format!("{acc} a = 0;"));
+        e.line(format!(
+            "{acc} a = {};",
+            if op == ScanOp::Prod { 1 } else { 0 }
+        ));
         e.open("for (i64 j = 0; j < len; ++j)");
         let idx = Self::with_axis(&lidx, axis, "j");
         let v = e.value(x, &idx)?;
-        e.line(format!("a += ({acc}){v};"));
+        e.line(format!("const {acc} v = ({acc}){v};"));
+        e.line(match op {
+            ScanOp::Sum => "a += v;",
+            ScanOp::Prod => "a *= v;",
+            ScanOp::Max => "a = (j == 0 || v >= a || v != v) ? v : a;",
+            ScanOp::Min => "a = (j == 0 || v <= a || v != v) ? v : a;",
+        });
         let off = e.offset(&idx, &shape);
         e.line(format!("out[{off}] = {};", store(dtype, "a")));
         e.close();

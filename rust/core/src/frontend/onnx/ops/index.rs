@@ -10,7 +10,7 @@ use crate::frontend::builder::Operand;
 use crate::frontend::onnx::known::Known;
 use crate::frontend::onnx::node::Node;
 use crate::frontend::onnx::translate::{Ctx, Val};
-use crate::ir::{BinaryOp, Op, ScatterReduce, ValueId};
+use crate::ir::{BinaryOp, Op, ScanOp, ScatterReduce, ValueId};
 
 pub fn handler(op: &str) -> Option<Handler> {
     Some(match op {
@@ -380,7 +380,13 @@ fn cumsum(ctx: &mut Ctx, n: &Node) -> Result<Vec<Val>> {
         )?;
         x = ctx.b.slice(padded, a, Dim::Const(0), size, 1)?;
     }
-    let mut y = ctx.b.op(Op::Cumsum { axis: a }, &[x])?;
+    let mut y = ctx.b.op(
+        Op::Scan {
+            axis: a,
+            op: ScanOp::Sum,
+        },
+        &[x],
+    )?;
     if reverse {
         y = ctx.b.op(Op::Flip { axes: vec![a] }, &[y])?;
     }

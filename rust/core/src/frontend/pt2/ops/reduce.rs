@@ -1,5 +1,5 @@
 //! Reductions: sum, mean, prod, amax/amin, max/min (values and indices), argmax/argmin,
-//! var/std, any/all, cumsum, histc.
+//! var/std, any/all, histc; the scans cumsum, cumprod, cummax and cummin.
 
 use super::{axis, tensor, Handler};
 use crate::dim::{numel, Dim};
@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
-use crate::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, ScanOp, TensorType, UnaryOp, ValueId};
 
 pub fn handler(name: &str, overload: &str) -> Option<Handler> {
     Some(match (name, overload) {
@@ -27,7 +27,10 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("std", "correction" | "dim" | "default") => |c, n| var_std(c, n, true),
         ("any", "dim" | "dims" | "default") => |c, n| any_all(c, n, ReduceOp::Max),
         ("all", "dim" | "dims" | "default") => |c, n| any_all(c, n, ReduceOp::Min),
-        ("cumsum", "default") => cumsum,
+        ("cumsum", "default") => |c, n| cumulative(c, n, ScanOp::Sum),
+        ("cumprod", "default") => |c, n| cumulative(c, n, ScanOp::Prod),
+        ("cummax", "default") => |c, n| running_extreme(c, n, ScanOp::Max),
+        ("cummin", "default") => |c, n| running_extreme(c, n, ScanOp::Min),
         ("histc", "default") => histc,
         _ => return None,
     })
@@ -201,7 +204,8 @@ fn any_all(ctx: &mut Ctx, n: &NodeArgs, op: ReduceOp) -> Result<Out> {
     Ok(Out::Value(reduce(ctx, b, op, axes, keepdim)?))
 }
 
-fn cumsum(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+/// `cumsum`/`cumprod`: integers and bools accumulate in i64 unless a dtype is given.
+fn cumulative(ctx: &mut Ctx, n: &NodeArgs, op: ScanOp) -> Result<Out> {
     let mut x = tensor(ctx, n, "self", 0)?;
     let a = axis(ctx, x, n.int("dim", 1)?)?;
     let dtype = match n.dtype("dtype", 2)? {
@@ -213,7 +217,49 @@ fn cumsum(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     if ctx.b.rank(x) == 0 {
         return Ok(Out::Value(x));
     }
-    Ok(Out::Value(ctx.b.op(Op::Cumsum { axis: a }, &[x])?))
+    Ok(Out::Value(ctx.b.op(Op::Scan { axis: a, op }, &[x])?))
+}
+
+/// `cummax`/`cummin`: (values, i64 indices). The index is that of the latest element equal
+/// to the running value when it was reached (torch moves it on ties), or of the latest NaN:
+/// the running max of the positions where x equals its own running value or is NaN.
+fn running_extreme(ctx: &mut Ctx, n: &NodeArgs, op: ScanOp) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    if ctx.b.rank(x) == 0 {
+        axis(ctx, x, n.int("dim", 1)?)?;
+        let idx = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+        return Ok(Out::Values(vec![Some(x), Some(idx)]));
+    }
+    let a = axis(ctx, x, n.int("dim", 1)?)?;
+    let values = ctx.b.op(Op::Scan { axis: a, op }, &[x])?;
+    let t = Operand::Tensor;
+    let mut reached = ctx.b.binary(BinaryOp::Eq, t(x), t(values))?;
+    if ctx.b.dtype(x).is_float() {
+        let nan = ctx.b.unary(UnaryOp::IsNan, x)?;
+        reached = ctx.b.binary(BinaryOp::Or, t(reached), t(nan))?;
+    }
+    let shape = ctx.b.shape(x);
+    let mut along = vec![Dim::Const(1); shape.len()];
+    along[a] = shape[a].clone();
+    let positions = ctx.b.source(
+        Op::Iota {
+            start: Scalar::Int(0),
+            step: Scalar::Int(1),
+        },
+        TensorType::new(DType::I64, vec![shape[a].clone()]),
+    )?;
+    let positions = ctx.b.reshape(positions, along)?;
+    let candidates = ctx
+        .b
+        .where_(reached, t(positions), Operand::Scalar(Scalar::Int(-1)))?;
+    let indices = ctx.b.op(
+        Op::Scan {
+            axis: a,
+            op: ScanOp::Max,
+        },
+        &[candidates],
+    )?;
+    Ok(Out::Values(vec![Some(values), Some(indices)]))
 }
 
 /// `histc`: counts of x's elements in `bins` equal bins over [min, max] (the data's range
