@@ -150,6 +150,29 @@ def test_index_put_accumulate_adds_repeated_positions(backend):
     check(fn, [rand(5, 2), torch.tensor([1, 1, -1]), rand(3, 2)], backend)
 
 
+def test_index_put_with_several_index_tensors(backend):
+    """x[i, j] = v and x[:, i, :, j] += v (non-adjacent dims: the broadcast index dims come
+    first in the values' shape), as F.fold's decomposition writes."""
+
+    def fn(x, i, j, v, w):
+        a = torch.ops.aten.index_put.default(x, [i, j], v)
+        b = torch.ops.aten.index_put.default(x, [None, i, None, j], w, True)
+        c = x.clone()
+        c[i[:1], -1] = 0.5
+        return a, b, c
+
+    i, j = torch.tensor([0, 2, 1]), torch.tensor([[1], [3]])
+    check(fn, [rand(3, 4, 2, 5), i, j, rand(2, 3, 2, 5), rand(2, 3, 3, 2)], backend)
+
+
+def test_fold_of_unfold(backend):
+    def fn(x):
+        cols = F.unfold(x, 3, padding=1, stride=2)
+        return F.fold(cols * 2, (7, 6), 3, padding=1, stride=2)
+
+    check(fn, [rand(2, 3, 7, 6)], backend, rtol=1e-5)
+
+
 def test_index_copy_out_of_range_raises():
     fn = torch.compile(
         lambda x, i, v: x.index_copy(0, i, v), backend="ember", options={"fallback": "error"}

@@ -37,10 +37,14 @@ def test_scatter_add_with_repeated_indices(backend):
     check(fn, [rand(2, 4), idx, rand(2, 5)], backend)
 
 
-@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
-def test_scatter_reduce(backend, reduce):
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin", "mean"])
+def test_scatter_reduce(backend, reduce, include_self):
+    """Without include_self the elements an index names start from the reduction's identity
+    (a mean counts only the updates); the others keep self's value."""
+
     def fn(x, idx, src):
-        return x.scatter_reduce(0, idx, src, reduce=reduce)
+        return x.scatter_reduce(0, idx, src, reduce=reduce, include_self=include_self)
 
     idx = torch.tensor([[0, 1, 2], [0, 1, 2], [3, 0, 0]])
     check(fn, [rand(4, 3), idx, rand(3, 3)], backend, rtol=1e-5, atol=1e-5)
@@ -53,3 +57,15 @@ def test_scatter_add_integers(backend):
     idx = torch.tensor([[0, 1], [0, 1], [2, 2]])
     x = torch.randint(-5, 5, (3, 2))
     check(fn, [x, idx, torch.randint(-5, 5, (3, 2))], backend)
+
+
+@pytest.mark.parametrize("reduce", ["amax", "mean", "prod"])
+def test_scatter_reduce_integers_without_self(backend, reduce):
+    """An integer mean rounds down, as torch's does."""
+
+    def fn(x, idx, src):
+        return x.scatter_reduce(1, idx, src, reduce=reduce, include_self=False)
+
+    idx = torch.tensor([[0, 0, 2], [1, 1, 1]])
+    x = torch.randint(-9, 9, (2, 4))
+    check(fn, [x, idx, torch.randint(-9, 9, (2, 3))], backend)

@@ -58,6 +58,14 @@ fn gather(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
 /// `scatter`/`scatter_add`: `src` may be larger than the index (only its index-shaped
 /// corner is read) or a scalar `value`.
 fn scatter(ctx: &mut Ctx, n: &NodeArgs, reduce: ScatterReduce) -> Result<Out> {
+    let (x, a, idx, upd) = scatter_operands(ctx, n)?;
+    Ok(Out::Value(
+        ctx.b.op(Op::Scatter { axis: a, reduce }, &[x, idx, upd])?,
+    ))
+}
+
+/// (self, axis, index, updates in self's dtype and the index's shape) of a scatter.
+fn scatter_operands(ctx: &mut Ctx, n: &NodeArgs) -> Result<(ValueId, usize, ValueId, ValueId)> {
     let x = tensor(ctx, n, "self", 0)?;
     let a = axis(ctx, x, n.int("dim", 1)?)?;
     let idx = tensor(ctx, n, "index", 2)?;
@@ -84,14 +92,18 @@ fn scatter(ctx: &mut Ctx, n: &NodeArgs, reduce: ScatterReduce) -> Result<Out> {
             ctx.b.cast(src, dtype)?
         }
     };
-    Ok(Out::Value(
-        ctx.b.op(Op::Scatter { axis: a, reduce }, &[x, idx, upd])?,
-    ))
+    Ok((x, a, idx, upd))
 }
 
+/// `scatter_reduce(dim, index, src, reduce, include_self)`. Without `include_self`, the
+/// elements some index names start from the reduction's identity instead of self's value
+/// (the others keep it). `mean` is a scatter-add of the values and of their count, the
+/// count starting at 1 with self (0 without, and 1 where nothing lands, as in torch),
+/// divided rounding down for integers as torch does.
 fn scatter_reduce(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let mean = n.string("reduce", 4)? == Some("mean");
     let reduce = match n.string("reduce", 4)? {
-        Some("sum") => ScatterReduce::Add,
+        Some("sum" | "mean") => ScatterReduce::Add,
         Some("prod") => ScatterReduce::Mul,
         Some("amax") => ScatterReduce::Max,
         Some("amin") => ScatterReduce::Min,
@@ -103,14 +115,88 @@ fn scatter_reduce(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
             ))
         }
     };
-    if !n.bool("include_self", 5, true)? {
-        return Err(Error::unsupported_because(
-            "scatter_reduce",
-            &n.name,
-            "include_self=False",
-        ));
+    let include_self = n.bool("include_self", 5, true)?;
+    let (x, a, idx, upd) = scatter_operands(ctx, n)?;
+    let dtype = ctx.b.dtype(x);
+    let shape = ctx.b.shape(x);
+    let t = Operand::Tensor;
+    let scatter = |ctx: &mut Ctx, base: ValueId, upd: ValueId, reduce: ScatterReduce| {
+        ctx.b.op(Op::Scatter { axis: a, reduce }, &[base, idx, upd])
+    };
+    let base = if include_self {
+        x
+    } else {
+        let identity = match reduce {
+            ScatterReduce::Add | ScatterReduce::None => Scalar::Int(0),
+            ScatterReduce::Mul => Scalar::Int(1),
+            ScatterReduce::Max => extreme(dtype, false),
+            ScatterReduce::Min => extreme(dtype, true),
+        };
+        let hit = landed(ctx, x, a, idx)?;
+        let identity = ctx.b.full(identity, dtype, vec![])?;
+        ctx.b.where_(hit, t(identity), t(x))?
+    };
+    let reduced = scatter(ctx, base, upd, reduce)?;
+    if !mean {
+        return Ok(Out::Value(reduced));
     }
-    scatter(ctx, n, reduce)
+    let start = Scalar::Int(include_self as i64);
+    let start = ctx.b.full(start, dtype, shape)?;
+    let ones = ctx.b.full(Scalar::Int(1), dtype, ctx.b.shape(idx))?;
+    let count = scatter(ctx, start, ones, ScatterReduce::Add)?;
+    let zero = Operand::Scalar(Scalar::Int(0));
+    let empty = ctx.b.binary(BinaryOp::Eq, t(count), zero)?;
+    let count = ctx
+        .b
+        .where_(empty, Operand::Scalar(Scalar::Int(1)), t(count))?;
+    let divide = if dtype.is_float() {
+        BinaryOp::Div
+    } else {
+        BinaryOp::FloorDiv
+    };
+    Ok(Out::Value(ctx.b.binary_in(
+        divide,
+        t(reduced),
+        t(count),
+        dtype,
+    )?))
+}
+
+/// Which elements of `x` some entry of `idx` names along axis `a` (bool, x's shape).
+fn landed(ctx: &mut Ctx, x: ValueId, a: usize, idx: ValueId) -> Result<ValueId> {
+    let none = ctx
+        .b
+        .full(Scalar::Bool(false), DType::Bool, ctx.b.shape(x))?;
+    let marks = ctx
+        .b
+        .full(Scalar::Bool(true), DType::Bool, ctx.b.shape(idx))?;
+    ctx.b.op(
+        Op::Scatter {
+            axis: a,
+            reduce: ScatterReduce::None,
+        },
+        &[none, idx, marks],
+    )
+}
+
+/// The largest (`max`) or smallest value of `dtype`: ±inf for floats.
+fn extreme(dtype: DType, max: bool) -> Scalar {
+    let (lo, hi) = match dtype {
+        DType::Bool => return Scalar::Bool(max),
+        DType::U8 => (0, u8::MAX as i64),
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::I64 => (i64::MIN, i64::MAX),
+        _ => {
+            return Scalar::Float(if max {
+                f64::INFINITY
+            } else {
+                f64::NEG_INFINITY
+            })
+        }
+    };
+    Scalar::Int(if max { hi } else { lo })
 }
 
 /// The `indices` argument of `index`/`index_put`: one optional tensor name per dim.
@@ -158,24 +244,38 @@ fn index(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     Ok(Out::Value(index_several(ctx, x, &axes, idxs)?))
 }
 
+/// Several index tensors over `axes` of `x`, made one: `x` with the indexed dims flattened
+/// into one dim at `first`, and the linear index into it.
+struct Linearized {
+    x: ValueId,
+    first: usize,
+    linear: ValueId,
+    /// The shape before flattening (after the permutation, if any).
+    unflat: Vec<Dim>,
+    /// The permutation that brought non-adjacent indexed dims to the front.
+    perm: Option<Vec<usize>>,
+}
+
 /// `x[i, j]` with several index tensors: they broadcast together and pick one element of the
 /// indexed dims each. Those dims are flattened into one and indexed by the linear index
 /// `i * size(j) + j`; an index out of its own dim's range makes the linear index out of range,
 /// so the runtime reports it instead of reading a neighbour. As in torch, the broadcast dims
 /// replace the indexed dims in place when those are adjacent, and come first otherwise.
-fn index_several(
+fn linearize(
     ctx: &mut Ctx,
     mut x: ValueId,
     axes: &[usize],
     idxs: Vec<ValueId>,
-) -> Result<ValueId> {
+) -> Result<Linearized> {
     let adjacent = axes.windows(2).all(|w| w[1] == w[0] + 1);
     let mut first = axes[0];
+    let mut perm = None;
     if !adjacent {
         let rank = ctx.b.rank(x);
-        let mut perm = axes.to_vec();
-        perm.extend((0..rank).filter(|d| !axes.contains(d)));
-        x = ctx.b.permute(x, perm)?;
+        let mut p = axes.to_vec();
+        p.extend((0..rank).filter(|d| !axes.contains(d)));
+        x = ctx.b.permute(x, p.clone())?;
+        perm = Some(p);
         first = 0;
     }
     let shape = ctx.b.shape(x);
@@ -215,11 +315,24 @@ fn index_several(
     let mut flat = shape[..first].to_vec();
     flat.push(total);
     flat.extend_from_slice(&shape[first + axes.len()..]);
-    let x = ctx.b.reshape(x, flat)?;
-    ctx.b.op(Op::IndexSelect { axis: first }, &[x, linear])
+    let flat_x = ctx.b.reshape(x, flat)?;
+    Ok(Linearized {
+        x: flat_x,
+        first,
+        linear,
+        unflat: shape,
+        perm,
+    })
 }
 
-/// `x[..., idx, ...] = values` (`index_put`; `+=` with accumulate) with one index tensor.
+fn index_several(ctx: &mut Ctx, x: ValueId, axes: &[usize], idxs: Vec<ValueId>) -> Result<ValueId> {
+    let l = linearize(ctx, x, axes, idxs)?;
+    ctx.b
+        .op(Op::IndexSelect { axis: l.first }, &[l.x, l.linear])
+}
+
+/// `x[..., idx, ...] = values` (`index_put`; `+=` with accumulate): one index tensor puts
+/// whole slices; several are linearized as `x[i, j]` reads them.
 fn index_put(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
     let x = tensor(ctx, n, "self", 0)?;
     let indices = index_tensors(n)?;
@@ -235,14 +348,33 @@ fn index_put(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
         .collect();
-    let [(a, name)] = given.as_slice() else {
-        return Err(unsupported("several index tensors"));
-    };
-    let idx = ctx.value(name)?;
-    if matches!(ctx.b.dtype(idx), DType::Bool | DType::U8) {
-        return Err(unsupported("a boolean mask"));
+    let mut idxs = Vec::new();
+    for (_, name) in &given {
+        let idx = ctx.value(name)?;
+        if matches!(ctx.b.dtype(idx), DType::Bool | DType::U8) {
+            return Err(unsupported("a boolean mask"));
+        }
+        idxs.push(idx);
     }
-    Ok(Out::Value(put_slices(ctx, x, *a, idx, values, reduce)?))
+    let axes: Vec<usize> = given.iter().map(|(a, _)| *a).collect();
+    match (axes.as_slice(), idxs.as_slice()) {
+        ([], _) => Err(unsupported("no index tensor")),
+        ([a], [idx]) => Ok(Out::Value(put_slices(ctx, x, *a, *idx, values, reduce)?)),
+        _ => {
+            // Put into the flattened indexed dims, then restore x's layout.
+            let l = linearize(ctx, x, &axes, idxs)?;
+            let put = put_slices(ctx, l.x, l.first, l.linear, values, reduce)?;
+            let mut out = ctx.b.reshape(put, l.unflat)?;
+            if let Some(perm) = l.perm {
+                let mut inverse = vec![0; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inverse[p] = i;
+                }
+                out = ctx.b.permute(out, inverse)?;
+            }
+            Ok(Out::Value(out))
+        }
+    }
 }
 
 /// `x.index_copy(dim, index, source)`: rows of `source` into the positions `index` names.
