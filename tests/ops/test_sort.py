@@ -224,3 +224,31 @@ def test_searchsorted_with_a_sorter_is_named():
 
     with pytest.raises(ember.UnsupportedOpError, match="sorter"):
         ember.compile(Fn(fn), rand(6), rand(3), fallback="error")
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_median_nanmedian_and_kthvalue(keepdim, backend):
+    """Order statistics along a dim: the lower median, the k-th smallest and their indices;
+    median returns the first NaN of a line that has one, nanmedian skips NaNs. (Of a line
+    all NaN, nanmedian's index is whichever torch's nth_element leaves: not compared.)"""
+
+    def fn(x, i):
+        return (
+            x.median(1, keepdim=keepdim),
+            x.nanmedian(0, keepdim=keepdim),
+            x.kthvalue(3, 1, keepdim=keepdim),
+            x.median(),
+            x.nanmedian(),
+            i.median(0, keepdim=keepdim),
+            i.kthvalue(1, 0, keepdim=keepdim),
+        )
+
+    x = rand(5, 8)
+    x[1, 2] = x[1, 6] = x[3, 0] = float("nan")
+    x[:4, 7] = float("nan")
+    check(fn, [x, torch.randperm(30).reshape(6, 5).to(torch.int32)], backend)
+
+
+def test_median_of_an_even_count_without_nans(backend):
+    check(lambda x: (torch.median(x, -1), x.median()), [rand(4, 6)], backend)
+

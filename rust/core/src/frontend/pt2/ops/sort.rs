@@ -1,4 +1,5 @@
-//! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`); `aten.bucketize` and
+//! `aten.sort`, `aten.argsort` and `aten.topk` (`frontend::sort`); order statistics
+//! (`median`, `nanmedian`, `kthvalue`) read from a sort; `aten.bucketize` and
 //! `aten.searchsorted` (positions in a sorted sequence).
 
 use super::reduce::reduce;
@@ -10,7 +11,7 @@ use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
 use crate::frontend::sort::{sort, top_k};
-use crate::ir::{BinaryOp, ReduceOp, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, Op, ReduceOp, UnaryOp, ValueId};
 
 /// Where `dim` and `descending` sit: positional in the default overloads, keyword-only
 /// (after `*, stable`) in the `.stable` ones.
@@ -24,6 +25,11 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("sort", "stable") => |c, n| sort_values(c, n, KEYWORD),
         ("argsort", "default") => |c, n| argsort(c, n, POSITIONAL),
         ("argsort", "stable") => |c, n| argsort(c, n, KEYWORD),
+        ("kthvalue", "default") => kthvalue,
+        ("median", "default") => |c, n| median(c, n, Median::All, false),
+        ("median", "dim") => |c, n| median(c, n, Median::Dim, false),
+        ("nanmedian", "default") => |c, n| median(c, n, Median::All, true),
+        ("nanmedian", "dim") => |c, n| median(c, n, Median::Dim, true),
         ("bucketize", "Tensor") => bucketize,
         ("searchsorted", "Tensor") => searchsorted,
         _ => return None,
@@ -99,6 +105,130 @@ fn topk(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         return Ok(Out::Values(vec![Some(values), Some(indices)]));
     }
     let (values, indices) = top_k(&mut ctx.b, x, a, k, largest)?;
+    Ok(Out::Values(vec![Some(values), Some(indices)]))
+}
+
+/// Which element of each sorted line an order statistic reads.
+enum Rank {
+    /// The k-th smallest (0-based).
+    Nth(i64),
+    /// The lower median: of the numbers (`ignore_nan`) or of all elements, a NaN when
+    /// there is one (torch returns the first NaN and its index).
+    Median { ignore_nan: bool },
+}
+
+/// The `rank` order statistic of `x` along axis `a` as (values, i64 indices), keeping the
+/// axis as size 1. The elements are sorted ascending, NaN last and stable, so with `c`
+/// NaNs in a line of `n` the median sits at (n − 1) / 2 without NaNs, at n − c (the first
+/// NaN in input order) with them, and the NaN-ignoring median at (n − c − 1) / 2 (position
+/// 0, a NaN, when all are). The read is a gather, so a position past the line (k beyond a
+/// symbolic size) is a run-time error rather than a wrong element.
+fn order_statistic(ctx: &mut Ctx, x: ValueId, a: usize, rank: Rank) -> Result<(ValueId, ValueId)> {
+    let (values, indices) = sort(&mut ctx.b, x, a, false)?;
+    let mut line = ctx.b.shape(x);
+    let len = std::mem::replace(&mut line[a], Dim::Const(1));
+    let t = Operand::Tensor;
+    let int = |v: i64| Operand::Scalar(Scalar::Int(v));
+    let pos = match rank {
+        Rank::Nth(k) => ctx.b.full(Scalar::Int(k), DType::I64, line)?,
+        Rank::Median { ignore_nan } => {
+            let n = ctx.b.dim_value(&len, DType::I64)?;
+            let count = if ctx.b.dtype(x).is_float() {
+                let nan = ctx.b.unary(UnaryOp::IsNan, x)?;
+                let nan = ctx.b.cast(nan, DType::I64)?;
+                reduce(ctx, nan, ReduceOp::Sum, vec![a], true)?
+            } else {
+                ctx.b.full(Scalar::Int(0), DType::I64, line)?
+            };
+            let numbers = ctx.b.binary(BinaryOp::Sub, t(n), t(count))?;
+            let below = ctx.b.binary(BinaryOp::Sub, t(numbers), int(1))?;
+            let below = ctx.b.binary(BinaryOp::Max, t(below), int(0))?;
+            let middle = ctx.b.binary(BinaryOp::FloorDiv, t(below), int(2))?;
+            if ignore_nan {
+                middle
+            } else {
+                let any_nan = ctx.b.binary(BinaryOp::Gt, t(count), int(0))?;
+                ctx.b.where_(any_nan, t(numbers), t(middle))?
+            }
+        }
+    };
+    let values = ctx.b.op(Op::Gather { axis: a }, &[values, pos])?;
+    let indices = ctx.b.op(Op::Gather { axis: a }, &[indices, pos])?;
+    Ok((values, indices))
+}
+
+/// Whether a median reduces one dim (values and indices) or the whole tensor (a value).
+enum Median {
+    Dim,
+    All,
+}
+
+fn median(ctx: &mut Ctx, n: &NodeArgs, over: Median, ignore_nan: bool) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    if ctx.b.dtype(x) == DType::Bool {
+        return Err(Error::unsupported_because(
+            n.target.clone(),
+            &n.name,
+            "the median of a bool tensor (torch has no such kernel either)",
+        ));
+    }
+    let rank = Rank::Median { ignore_nan };
+    match over {
+        Median::All => {
+            let numel = crate::dim::numel(&ctx.b.shape(x));
+            let flat = ctx.b.reshape(x, vec![numel])?;
+            let (values, _) = order_statistic(ctx, flat, 0, rank)?;
+            Ok(Out::Value(ctx.b.reshape(values, vec![])?))
+        }
+        Median::Dim => {
+            let keepdim = n.bool("keepdim", 2, false)?;
+            statistic_along(ctx, x, n.int("dim", 1)?, keepdim, rank)
+        }
+    }
+}
+
+fn kthvalue(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let k = n.int("k", 1)?;
+    let d = n.opt_int("dim", 2)?.unwrap_or(-1);
+    let keepdim = n.bool("keepdim", 3, false)?;
+    if ctx.b.dtype(x) == DType::Bool {
+        return Err(Error::unsupported_because(
+            n.target.clone(),
+            &n.name,
+            "kthvalue of a bool tensor (torch has no such kernel either)",
+        ));
+    }
+    let size = if ctx.b.rank(x) == 0 {
+        Some(1)
+    } else {
+        ctx.b.shape(x)[axis(ctx, x, d)?].as_const()
+    };
+    if k < 1 || size.is_some_and(|s| k > s) {
+        return Err(Error::Compile(format!(
+            "node '{}' (aten.kthvalue): k = {k} is outside 1..={} for shape {}",
+            n.name,
+            size.map_or("size".into(), |s| s.to_string()),
+            crate::dim::format_shape(&ctx.b.shape(x))
+        )));
+    }
+    statistic_along(ctx, x, d, keepdim, Rank::Nth(k - 1))
+}
+
+/// (values, indices) of an order statistic along `dim`; a 0-d tensor is its own.
+fn statistic_along(ctx: &mut Ctx, x: ValueId, dim: i64, keepdim: bool, rank: Rank) -> Result<Out> {
+    if ctx.b.rank(x) == 0 {
+        let idx = ctx.b.full(Scalar::Int(0), DType::I64, vec![])?;
+        return Ok(Out::Values(vec![Some(x), Some(idx)]));
+    }
+    let a = axis(ctx, x, dim)?;
+    let (mut values, mut indices) = order_statistic(ctx, x, a, rank)?;
+    if !keepdim {
+        let mut shape = ctx.b.shape(values);
+        shape.remove(a);
+        values = ctx.b.reshape(values, shape.clone())?;
+        indices = ctx.b.reshape(indices, shape)?;
+    }
     Ok(Out::Values(vec![Some(values), Some(indices)]))
 }
 
