@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ember import _core
-from ember.compiled import CompiledModel
+from ember.compiled import CompiledModel, program_shape
 from ember.export_cache import export
 from ember.options import Options, cache_dir
 
@@ -46,7 +46,7 @@ def compile(
     opts = Options.from_dict(options)
     exported = export(model, example_inputs, cache_dir() if opts.cache else None)
     leaves = pytree.tree_leaves(example_inputs)
-    shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+    shapes = [program_shape(t) for t in leaves if isinstance(t, torch.Tensor)]
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     return CompiledModel(
         exported.program,

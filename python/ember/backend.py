@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ember.compiled import CompiledModel
+from ember.compiled import CompiledModel, program_shape
 from ember.dynamo_graph import (
     DynamoGraph,
     lifted_scalars,
@@ -104,7 +104,7 @@ class _DynamoGraph:
             self.options,
             exported.weights,
             exported.out_spec,
-            [list(t.shape) for t in tensors],
+            [program_shape(t) for t in tensors],
             example_inputs=tensors,
             export_cache_hit=exported.cache_hit,
         )

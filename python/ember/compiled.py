@@ -70,7 +70,7 @@ def _bind_weights(
         t = weights.get(name)
         if t is None:
             continue
-        t = t.detach()
+        t = _as_real(t.detach())
         if backend == "cuda" and t.device.type == "cuda":
             on_gpu = _aligned(t.to("cuda:0").contiguous())
             keep.append(on_gpu)
@@ -88,6 +88,17 @@ def _bind_weights(
         keep.append(t)
         host[name] = (t.data_ptr(), dtype_name(t.dtype), list(t.shape))
     return host, device, keep
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the program holds it: (real, imaginary) pairs along a trailing
+    dim of 2, a view of the same memory; any other tensor as it is."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
+def program_shape(t: torch.Tensor) -> list[int]:
+    """`t`'s shape as the program reads it (a complex tensor's with its pair dim)."""
+    return list(t.shape) + [2] if t.is_complex() else list(t.shape)
 
 
 def _live_after_compile(keep: list[torch.Tensor], backend: str) -> list[torch.Tensor]:
@@ -154,9 +165,13 @@ def _in_place_buffers(
     return buffers
 
 
-def _output_kind(spec: Any) -> str:
-    """How outputs are returned: "single" tensor, flat "tuple", or a pytree "spec"."""
-    if spec is None or spec.is_leaf():
+def _output_kind(spec: Any, count: int) -> str:
+    """How outputs are returned: "single" tensor, flat "tuple", or a pytree "spec". Without
+    a spec (a `.pt2` archive's program), one output is returned as itself and several as
+    a tuple in the program's order."""
+    if spec is None:
+        return "single" if count == 1 else "tuple"
+    if spec.is_leaf():
         return "single"
     if spec.type is tuple and all(spec.child(i).is_leaf() for i in range(spec.num_children)):
         return "tuple"
@@ -261,8 +276,9 @@ class CompiledModel:
         self._report = SearchReport.from_core(self._exe.report(), export_cache_hit)
         record(self._report)
         self._out_spec = out_spec
-        self._out_kind = _output_kind(out_spec)
         self._input_dtypes = program.input_dtypes
+        # Complex inputs are read as their (real, imaginary) pairs.
+        self._complex_inputs = frozenset(program.complex_inputs)
         self._output_names = program.output_dtypes
         self._output_dtypes = [_NAME_TO_TORCH[d] for d in self._output_names]
         self._mutations = _mutations(program, weights or {})
@@ -272,6 +288,7 @@ class CompiledModel:
         self._user_outputs = [
             i for i in range(len(self._output_dtypes)) if i not in dict(self._mutations)
         ]
+        self._out_kind = _output_kind(out_spec, len(self._user_outputs))
         # Updates of an input the program may write straight into the caller's tensor (a
         # static KV cache): output index → input index. Backends write such an output only
         # after the whole run succeeded, so a failing call leaves the tensor as it was.
@@ -440,6 +457,11 @@ class CompiledModel:
                     f"input {i} is a {t.layout} tensor on {t.device}; this program runs on "
                     "dense (strided) cpu tensors"
                 )
+            if t.is_complex() and i in self._complex_inputs:
+                if t.is_conj():
+                    # Its resolved copy would die before the run reads it.
+                    raise InputError(f"input {i} is a conjugate view; pass t.resolve_conj()")
+                t = torch.view_as_real(t)
             name = _TORCH_TO_NAME.get(t.dtype) or dtype_name(t.dtype)
             views.append((t.data_ptr(), name, t.shape, t.stride()))
         return views
@@ -456,6 +478,8 @@ class CompiledModel:
                     f"input {i} ({self.input_names[i]!r}) is on {where}; this program runs "
                     "on cuda:0 tensors"
                 )
+            if t.is_complex() and i in self._complex_inputs:
+                t = _as_real(t)
             t = t.contiguous()
             views.append((t, (t.data_ptr(), dtype_name(t.dtype), list(t.shape))))
         shapes = self._exe.output_shapes([v[1][2] for v in views])

@@ -145,6 +145,23 @@ def test_compile_pt2_archive(tmp_path):
     assert fast.input_names == ["input"]
 
 
+def test_compile_pt2_returns_every_output(tmp_path):
+    """An archive carries no output structure Ember reads: several outputs come back as a
+    tuple in the program's order, not just the first."""
+
+    class TwoOutputs(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2, b + 1
+
+    model, a, b = TwoOutputs(), rand(1, 6, 2), rand(1, 6, 3)
+    path = tmp_path / "two.pt2"
+    torch.export.save(torch.export.export(model, (a, b)), path)
+    got = ember.compile_pt2(path)(a, b)
+    assert isinstance(got, tuple) and len(got) == 2
+    for g, w in zip(got, model(a, b), strict=True):
+        torch.testing.assert_close(g, w)
+
+
 def _archive_with(entries):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:

@@ -251,4 +251,3 @@ def test_median_nanmedian_and_kthvalue(keepdim, backend):
 
 def test_median_of_an_even_count_without_nans(backend):
     check(lambda x: (torch.median(x, -1), x.median()), [rand(4, 6)], backend)
-

@@ -115,6 +115,14 @@ impl Program {
         self.inner.output_names.clone()
     }
 
+    /// Positions of the user inputs that are complex tensors (passed as their
+    /// `torch.view_as_real` pairs).
+    #[getter]
+    fn complex_inputs(&self) -> Vec<usize> {
+        let flags = &self.inner.complex_inputs;
+        (0..flags.len()).filter(|&i| flags[i]).collect()
+    }
+
     /// Dtypes of the user inputs, in call order.
     #[getter]
     fn input_dtypes(&self) -> Vec<String> {

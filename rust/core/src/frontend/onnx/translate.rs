@@ -789,6 +789,7 @@ fn translate(model: &ModelProto, ext: &ExternalData) -> Result<Pt2Program> {
         graph,
         weights: ctx.weights,
         weight_specs: ctx.weight_specs,
+        complex_inputs: vec![false; input_names.len()],
         input_names,
         output_names,
     })

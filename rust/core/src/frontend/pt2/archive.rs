@@ -140,11 +140,15 @@ fn read_tensor<R: Read + Seek>(
     let meta = entry
         .get("tensor_meta")
         .ok_or_else(|| bad(format!("tensor '{name}' has no tensor_meta")))?;
-    let dtype = meta
+    let element = meta
         .get("dtype")
         .and_then(Json::as_i64)
         .ok_or_else(|| bad(format!("tensor '{name}' has no dtype")))
-        .and_then(|code| dtype_from_code(code, name))?;
+        .and_then(|code| element_type(code, name))?;
+    let (dtype, parts) = match element {
+        ElementType::Real(d) => (d, 1),
+        ElementType::Complex(d) => (d, 2),
+    };
     let sizes = int_list(meta.get("sizes"), name, "sizes")?;
     let strides = int_list(meta.get("strides"), name, "strides")?;
     let offset = meta
@@ -153,9 +157,19 @@ fn read_tensor<R: Read + Seek>(
         .transpose()?
         .unwrap_or(0);
     let raw = read_entry(zip, &format!("{prefix}{folder}{path}"))?;
-    let shape: Vec<usize> = sizes.iter().map(|&s| s as usize).collect();
-    let bytes = gather_strided(&raw, dtype.size(), &shape, &strides, offset as usize)
-        .ok_or_else(|| bad(format!("tensor '{name}' does not fit its storage")))?;
+    let mut shape: Vec<usize> = sizes.iter().map(|&s| s as usize).collect();
+    // A complex element is its (real, imaginary) pair, strides counting pairs.
+    let bytes = gather_strided(
+        &raw,
+        dtype.size() * parts,
+        &shape,
+        &strides,
+        offset as usize,
+    )
+    .ok_or_else(|| bad(format!("tensor '{name}' does not fit its storage")))?;
+    if parts == 2 {
+        shape.push(2);
+    }
     HostTensor::owned(dtype, shape, bytes)
 }
 
@@ -206,7 +220,25 @@ fn int_list(v: Option<&Json>, name: &str, what: &str) -> Result<Vec<i64>> {
     arr.iter().map(|x| int_value(x, name, what)).collect()
 }
 
-/// torch.export's serialized ScalarType codes.
+/// A tensor's element type: real, or complex with parts of the given dtype (stored as torch's
+/// `view_as_real` lays it out, a trailing dim of 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementType {
+    Real(DType),
+    Complex(DType),
+}
+
+/// torch.export's serialized ScalarType code, complex types included.
+pub fn element_type(code: i64, what: &str) -> Result<ElementType> {
+    Ok(match code {
+        9 => ElementType::Complex(DType::F16),
+        10 => ElementType::Complex(DType::F32),
+        11 => ElementType::Complex(DType::F64),
+        _ => ElementType::Real(dtype_from_code(code, what)?),
+    })
+}
+
+/// torch.export's serialized ScalarType codes of the real types.
 pub fn dtype_from_code(code: i64, what: &str) -> Result<DType> {
     Ok(match code {
         1 => DType::U8,

@@ -4,7 +4,7 @@
 
 use serde_json::Value as Json;
 
-use super::archive::dtype_from_code;
+use super::archive::{element_type, ElementType};
 use crate::dim::Dim;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -28,6 +28,8 @@ pub enum Arg {
     SymInt(SymRef),
     SymInts(Vec<SymRef>),
     ScalarType(DType),
+    /// A complex dtype, by the dtype of its parts.
+    ComplexType(DType),
     Other(String),
 }
 
@@ -111,7 +113,10 @@ pub fn parse(v: &Json) -> Result<Arg> {
                 .map(|x| sym_ref(x).ok_or_else(bad))
                 .collect::<Result<_>>()?,
         ),
-        "as_scalar_type" => Arg::ScalarType(dtype_from_code(val.as_i64().ok_or_else(bad)?, "arg")?),
+        "as_scalar_type" => match element_type(val.as_i64().ok_or_else(bad)?, "arg")? {
+            ElementType::Real(d) => Arg::ScalarType(d),
+            ElementType::Complex(d) => Arg::ComplexType(d),
+        },
         other => Arg::Other(other.to_owned()),
     })
 }
@@ -130,6 +135,7 @@ fn float_value(v: &Json) -> Option<f64> {
 }
 
 /// A node's arguments, looked up by schema name (or position as a fallback).
+#[derive(Clone)]
 pub struct NodeArgs {
     pub target: String,
     pub name: String,
@@ -335,6 +341,43 @@ impl NodeArgs {
 
     pub fn raw(&self, name: &str, pos: usize) -> Option<&Arg> {
         self.get(name, pos)
+    }
+
+    /// (argument name, tensor name) of every tensor argument, lists flattened.
+    pub fn tensor_args(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.args.iter().flat_map(|(n, a)| {
+            let names: Vec<&str> = match a {
+                Arg::Tensor(t) => vec![t.as_str()],
+                Arg::Tensors(ts) => ts.iter().map(String::as_str).collect(),
+                Arg::OptTensors(ts) => ts.iter().flatten().map(String::as_str).collect(),
+                _ => vec![],
+            };
+            names.into_iter().map(move |t| (n.as_str(), t))
+        })
+    }
+
+    /// The names of every tensor argument.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.tensor_args().map(|(_, t)| t)
+    }
+
+    /// These arguments with `name` (at `pos` when unnamed) set to `arg`.
+    pub fn with(&self, name: &str, pos: usize, arg: Arg) -> NodeArgs {
+        let mut out = self.clone();
+        let unnamed = out.args.iter().all(|(n, _)| n.is_empty());
+        let at = match unnamed {
+            true => (pos < out.args.len()).then_some(pos),
+            false => out.args.iter().position(|(n, _)| n == name),
+        };
+        match at {
+            Some(i) => out.args[i].1 = arg,
+            None if unnamed => {
+                out.args.resize(pos, (String::new(), Arg::None));
+                out.args.push((String::new(), arg));
+            }
+            None => out.args.push((name.to_owned(), arg)),
+        }
+        out
     }
 }
 

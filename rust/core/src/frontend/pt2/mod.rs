@@ -5,6 +5,7 @@
 
 mod archive;
 mod args;
+mod complex;
 mod ops;
 mod sym_expr;
 #[cfg(test)]

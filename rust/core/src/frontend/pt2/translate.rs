@@ -1,12 +1,13 @@
 //! Walks a serialized ExportedProgram (`models/model.json`) and builds the IR graph.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value as Json;
 
-use super::archive::{self, dtype_from_code, Source};
+use super::archive::{self, element_type, ElementType, Source};
 use super::args::{resolve_sym, NodeArgs, SymRef};
+use super::complex;
 use super::ops;
 use super::sym_expr;
 use crate::backend::Weights;
@@ -25,6 +26,8 @@ pub struct Pt2Program {
     pub weight_specs: Vec<(String, DType, Vec<usize>)>,
     /// Names of the user inputs, in call order.
     pub input_names: Vec<String>,
+    /// Which user inputs are complex tensors, read as their (real, imaginary) pairs.
+    pub complex_inputs: Vec<bool>,
     pub output_names: Vec<String>,
 }
 
@@ -47,6 +50,10 @@ pub struct Ctx {
     pub b: Builder,
     values: HashMap<String, ValueId>,
     syms: HashMap<String, Dim>,
+    /// The names of the values that are complex tensors, which Ember holds as (real,
+    /// imaginary) pairs along a trailing dim of 2 (see `complex`). By name, since
+    /// `view_as_real` gives the same pairs a second, real, name.
+    pub complex: HashSet<String>,
 }
 
 impl Ctx {
@@ -109,15 +116,22 @@ fn parse_size(v: &Json) -> Result<Dim> {
     Err(Error::Compile(format!("invalid size {v}")))
 }
 
-fn tensor_meta(v: &Json, name: &str) -> Result<TensorType> {
+/// A value's type as Ember holds it (a complex tensor as its real pairs) and whether it is
+/// complex.
+fn tensor_meta(v: &Json, name: &str) -> Result<(TensorType, bool)> {
     let code = v
         .get("dtype")
         .and_then(Json::as_i64)
         .ok_or_else(|| Error::Compile(format!("tensor '{name}' has no dtype")))?;
-    let dtype = dtype_from_code(code, name)?;
     let sizes = as_array(field(v, &["sizes"])?, "sizes")?;
-    let shape = sizes.iter().map(parse_size).collect::<Result<Vec<_>>>()?;
-    Ok(TensorType::new(dtype, shape))
+    let mut shape = sizes.iter().map(parse_size).collect::<Result<Vec<_>>>()?;
+    Ok(match element_type(code, name)? {
+        ElementType::Real(dtype) => (TensorType::new(dtype, shape), false),
+        ElementType::Complex(dtype) => {
+            shape.push(Dim::Const(2));
+            (TensorType::new(dtype, shape), true)
+        }
+    })
 }
 
 fn spec_name(spec: &Json, kind: &str) -> Option<String> {
@@ -133,18 +147,24 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
     let gm = field(program, &["graph_module"])?;
     let graph_json = field(gm, &["graph"])?;
     let signature = field(gm, &["signature"])?;
-    let metas: BTreeMap<String, TensorType> = field(graph_json, &["tensor_values"])?
+    let mut metas: BTreeMap<String, TensorType> = BTreeMap::new();
+    let mut complex_names: HashSet<String> = HashSet::new();
+    let tensor_values = field(graph_json, &["tensor_values"])?
         .as_object()
-        .ok_or_else(|| Error::Compile("tensor_values is not an object".into()))?
-        .iter()
-        .map(|(k, v)| tensor_meta(v, k).map(|t| (k.clone(), t)))
-        .collect::<Result<_>>()?;
+        .ok_or_else(|| Error::Compile("tensor_values is not an object".into()))?;
+    for (k, v) in tensor_values {
+        let (ty, is_complex) = tensor_meta(v, k)?;
+        if is_complex {
+            complex_names.insert(k.clone());
+        }
+        metas.insert(k.clone(), ty);
+    }
 
     let nodes = as_array(field(graph_json, &["nodes"])?, "nodes")?;
     let parsed: Vec<NodeArgs> = nodes.iter().map(NodeArgs::parse).collect::<Result<_>>()?;
     let unsupported: Vec<&NodeArgs> = parsed
         .iter()
-        .filter(|n| ops::handler(&n.target).is_none())
+        .filter(|n| ops::handler(&n.target).is_none() && !complex::handles(&n.target))
         .collect();
     if let Some(first) = unsupported.first() {
         let mut names: Vec<&str> = unsupported.iter().map(|n| n.target.as_str()).collect();
@@ -171,6 +191,7 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         b: Builder::new(),
         values: HashMap::new(),
         syms: HashMap::new(),
+        complex: complex_names,
     };
     if let Some(ranges) = program.get("range_constraints").and_then(Json::as_object) {
         for (name, r) in ranges {
@@ -272,9 +293,13 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
 
     for node in &parsed {
         ctx.b.origin = node.name.clone();
-        let handler = ops::handler(&node.target)
-            .ok_or_else(|| Error::unsupported(short_target(&node.target), node.name.clone()))?;
-        let out = handler(&mut ctx, node)?;
+        let out = if complex::involved(&ctx, node) {
+            complex::translate(&mut ctx, node)?
+        } else {
+            let handler = ops::handler(&node.target)
+                .ok_or_else(|| Error::unsupported(short_target(&node.target), node.name.clone()))?;
+            handler(&mut ctx, node)?
+        };
         bind_outputs(&mut ctx, node, out, &metas)?;
     }
 
@@ -314,6 +339,13 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
         let id = ctx.value(&n).map_err(|_| {
             Error::unsupported_because("graph output", &n, "outputs must be tensors")
         })?;
+        if ctx.complex.contains(&n) {
+            return Err(Error::unsupported_because(
+                "complex graph output",
+                &n,
+                "Ember computes complex tensors inside a graph; return torch.view_as_real(z)",
+            ));
+        }
         ctx.b.g.outputs.push(id);
         output_names.push(name);
     }
@@ -323,11 +355,16 @@ pub fn translate(program: &Json, archive_tensors: Weights) -> Result<Pt2Program>
     graph.simplify_dims();
     verify(&graph)?;
     check_symbols_bound(&graph)?;
+    let complex_inputs = input_names
+        .iter()
+        .map(|n| ctx.complex.contains(n))
+        .collect();
     Ok(Pt2Program {
         graph,
         weights,
         weight_specs,
         input_names,
+        complex_inputs,
         output_names,
     })
 }

@@ -45,6 +45,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("hardtanh", "default") => clamp,
         ("masked_fill", "Scalar" | "Tensor") => masked_fill,
         ("_to_copy" | "to", _) => to_copy,
+        ("type_as", "default") => type_as,
         ("copy", "default") => copy,
         ("clone" | "alias" | "detach" | "lift_fresh_copy" | "contiguous", _) => identity,
         ("dropout", "default") => identity,
@@ -58,7 +59,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
 fn unary_op(name: &str) -> Option<(UnaryOp, bool)> {
     use UnaryOp::*;
     Some(match name {
-        "neg" => (Neg, false),
+        // `_neg_view` is a lazily negated view (the imaginary part of a conjugate).
+        "neg" | "_neg_view" => (Neg, false),
         "abs" => (Abs, false),
         "sign" => (Sign, false),
         "floor" => (Floor, false),
@@ -353,6 +355,13 @@ fn to_copy(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
         Some(d) => Ok(Out::Value(ctx.b.cast(x, d)?)),
         None => Ok(Out::Value(x)),
     }
+}
+
+/// `x.type_as(other)`: x cast to other's dtype (kept whole by an undecomposed export).
+fn type_as(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    let x = tensor(ctx, n, "self", 0)?;
+    let other = tensor(ctx, n, "other", 1)?;
+    Ok(Out::Value(ctx.b.cast(x, ctx.b.dtype(other))?))
 }
 
 /// `copy(self, src)`: the functional form of `self.copy_(src)` (an in-place write into a
