@@ -211,3 +211,30 @@ def test_strided_slice_writes_are_named():
     compiled = torch.compile(fn, backend="ember", options={"fallback": "error"})
     with pytest.raises(ember.UnsupportedOpError, match="slice_scatter.*step 2"):
         compiled(rand(3, 4))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode, backend):
+    """nn.EmbeddingBag over flat indices with offsets (an empty bag in the middle and one at
+    the end give zeros), and over 2-D indices (one bag per row), against eager."""
+    table = torch.nn.EmbeddingBag(12, 5, mode=mode)
+
+    def fn(flat, offsets, rows):
+        return table(flat, offsets), table(rows)
+
+    flat = torch.tensor([3, 1, 1, 7, 11, 0, 4])
+    offsets = torch.tensor([0, 2, 2, 5, 7])
+    check(fn, [flat, offsets, torch.randint(0, 12, (3, 4))], backend)
+
+
+def test_embedding_bag_weights_padding_and_last_offset(backend):
+    """per_sample_weights (sum), padding_idx rows left out (and not counted by a mean),
+    include_last_offset."""
+    weighted = torch.nn.EmbeddingBag(10, 4, mode="sum", include_last_offset=True)
+    padded = torch.nn.EmbeddingBag(10, 4, mode="mean", padding_idx=2)
+
+    def fn(flat, offsets, psw):
+        return weighted(flat, offsets, per_sample_weights=psw), padded(flat, offsets[:-1])
+
+    flat = torch.tensor([2, 5, 2, 9, 0, 2, 2])
+    check(fn, [flat, torch.tensor([0, 3, 5, 7]), rand(7)], backend, rtol=1e-5)

@@ -5,6 +5,7 @@
 mod conv;
 mod creation;
 mod elementwise;
+mod embedding_bag;
 mod grid_sample;
 mod group_norm;
 mod index;
@@ -50,6 +51,7 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| resize::handler(name, overload))
         .or_else(|| sort::handler(name, overload))
         .or_else(|| grid_sample::handler(name, overload))
+        .or_else(|| embedding_bag::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.
