@@ -83,6 +83,7 @@ def test_complex_arithmetic_and_parts(backend):
             z / r,
             z + r,
             r - z,
+            2.0 - z,
             z * 1.5,
             z.conj() * w,
             -z,

@@ -106,7 +106,7 @@ pub fn translate(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
             let z = complex_arg(ctx, n, "self", 0)?;
             Ok(Out::Value(ctx.b.unary(UnaryOp::Neg, z)?))
         }
-        "mul" | "div" | "add" | "sub" => arithmetic(ctx, n, name),
+        "mul" | "div" | "add" | "sub" | "rsub" => arithmetic(ctx, n, name),
         _ => match shape_edits(name, overload) {
             Some(edits) => {
                 let patched = patch(ctx, n, edits)?;
@@ -237,10 +237,20 @@ fn mul_opt(ctx: &mut Ctx, a: Option<Operand>, b: Option<Operand>) -> Result<Opti
     })
 }
 
-/// Complex mul, div, add and sub (with `alpha`), either side complex, real or a scalar.
+/// Complex mul, div, add, sub and rsub (with `alpha`), either side complex, real or a
+/// scalar.
 fn arithmetic(ctx: &mut Ctx, n: &NodeArgs, op: &str) -> Result<Out> {
-    let a = arith_operand(ctx, n, "self", 0)?;
-    let mut b = arith_operand(ctx, n, "other", 1)?;
+    let (mut a, mut b) = (
+        arith_operand(ctx, n, "self", 0)?,
+        arith_operand(ctx, n, "other", 1)?,
+    );
+    // rsub(self, other, alpha) = other − alpha·self
+    let op = if op == "rsub" {
+        std::mem::swap(&mut a, &mut b);
+        "sub"
+    } else {
+        op
+    };
     if let Some(alpha) = n.scalar("alpha", 2)? {
         let alpha = Some(Operand::Scalar(alpha));
         b = Parts {
