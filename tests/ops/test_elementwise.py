@@ -30,6 +30,11 @@ UNARY = {
     "elu": lambda x: F.elu(x, alpha=0.7),
     "selu": F.selu,
     "celu": lambda x: F.celu(x, alpha=1.5),
+    "sinh": torch.sinh,
+    "cosh": torch.cosh,
+    "asinh": torch.asinh,
+    "atan": torch.atan,
+    "exp2": torch.exp2,
 }
 
 POSITIVE = {
@@ -37,6 +42,9 @@ POSITIVE = {
     "log1p": torch.log1p,
     "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt,
+    "log2": torch.log2,
+    "log10": torch.log10,
+    "acosh": lambda x: torch.acosh(x + 1),
 }
 
 
@@ -70,6 +78,73 @@ def test_transcendentals_at_edge_values(name, backend):
     # Far and near values share vectors; odd length for a tail.
     x = torch.tensor(EDGES + [-v for v in EDGES] + [0.5, 2.0, -3.0])
     check(fn, [x], backend, new_inputs=[rand(37, low=-200, high=200)])
+
+
+# The functions written out from other ops (`ops/math.rs`): at 0 and ±0, tiny values
+# (cancellation), ±1 (the domain's edges), near overflow, huge values, ±inf and NaN.
+DERIVED = {
+    "asin": torch.asin,
+    "acos": torch.acos,
+    "atan": torch.atan,
+    "atanh": torch.atanh,
+    "sinh": torch.sinh,
+    "cosh": torch.cosh,
+    "asinh": torch.asinh,
+    "acosh": torch.acosh,
+    "exp2": torch.exp2,
+    "log2": torch.log2,
+    "log10": torch.log10,
+}
+DERIVED_EDGES = [0.0, -0.0, 1e-30, -3e-8, 1e-4, 0.5, -0.7, 0.9999, 1.0, -1.0, 1.0001, 2.0]
+DERIVED_EDGES += [20.0, -20.0, 88.9, -89.3, 127.9, 1e10, -1e10, 3e38, 1e-40]
+DERIVED_EDGES += [float("inf"), -float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_derived_math_at_edge_values(name, backend):
+    x = torch.tensor(DERIVED_EDGES)
+    check(DERIVED[name], [x], backend, new_inputs=[rand(37, low=-0.99, high=0.99)])
+
+
+def test_hypot_copysign_signbit_and_half_inputs(backend):
+    def fn(a, b, h, i):
+        return (
+            torch.hypot(a, b),
+            torch.copysign(a, b),
+            torch.copysign(a, -1.0),
+            torch.signbit(b),
+            torch.asin(h),
+            torch.log2(i),
+            torch.signbit(i),
+        )
+
+    b = rand(4, 6)
+    b[0, :3] = torch.tensor([0.0, -0.0, float("-inf")])
+    h = rand(4, 6, low=-0.9, high=0.9).to(torch.float16)
+    check(fn, [rand(4, 6), b, h, torch.randint(-5, 9, (4, 6))], backend, rtol=1e-3, atol=1e-3)
+
+
+def test_logcumsumexp(backend):
+    """Lines whose early elements sit far below the maximum (they would underflow in f32),
+    all −inf, and a NaN part-way."""
+
+    def fn(x):
+        return torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 0)
+
+    x = rand(4, 7) * 3
+    x[0, :3] = torch.tensor([-150.0, -140.0, -130.0])
+    x[1] = float("-inf")
+    x[2, 4] = float("nan")
+    check(fn, [x], backend, rtol=1e-5, new_inputs=[rand(4, 7)])
+
+
+def test_triu_and_tril_indices(backend):
+    def fn(x):
+        upper = torch.triu_indices(4, 5, 1)
+        lower = torch.tril_indices(4, 4, -1)
+        return x[upper[0], upper[1]], x[lower[0], lower[1]] * 2, upper
+
+    check(fn, [rand(4, 5)], backend)
 
 
 def test_unary_on_noncontiguous_and_0d(backend):

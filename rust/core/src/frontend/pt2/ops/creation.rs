@@ -1,4 +1,5 @@
-//! Tensor creation: full/zeros/ones (and their `_like`/`new_` forms), scalar_tensor, arange.
+//! Tensor creation: full/zeros/ones (and their `_like`/`new_` forms), scalar_tensor, arange,
+//! triu_indices/tril_indices.
 
 use super::{tensor, Handler};
 use crate::dim::{Dim, DimOp};
@@ -28,6 +29,8 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("empty_like", "default") => |c, n| like(c, n, Some(Scalar::Int(0))),
         ("scalar_tensor", "default") => scalar_tensor,
         ("arange", "default" | "start" | "start_step") => arange,
+        ("triu_indices", "default") => |c, n| triangle_indices(c, n, true),
+        ("tril_indices", "default") => |c, n| triangle_indices(c, n, false),
         _ => return None,
     })
 }
@@ -207,4 +210,37 @@ fn symbolic_arange(
             .binary(BinaryOp::Add, Operand::Tensor(v), Operand::Tensor(offset))?;
     }
     Ok(Out::Value(ctx.b.cast(v, dtype)?))
+}
+
+/// `triu_indices(row, col, offset)` / `tril_indices`: the [2, N] (row, column) coordinates of
+/// the upper (col − row ≥ offset) or lower (col − row ≤ offset) triangle of a row × col
+/// matrix, row-major, as a constant.
+fn triangle_indices(ctx: &mut Ctx, n: &NodeArgs, upper: bool) -> Result<Out> {
+    let rows = n.int("row", 0)?;
+    let cols = n.int("col", 1)?;
+    let offset = n.opt_int("offset", 2)?.unwrap_or(0);
+    // The coordinates are a constant of the graph; a matrix this large would be gigabytes.
+    if rows < 0 || cols < 0 || rows.saturating_mul(cols) > 1 << 26 {
+        return Err(Error::Compile(format!(
+            "node '{}' ({}): a {rows} × {cols} matrix",
+            n.name, n.target
+        )));
+    }
+    let (mut r, mut c) = (Vec::new(), Vec::new());
+    for i in 0..rows {
+        for j in 0..cols {
+            if (upper && j - i >= offset) || (!upper && j - i <= offset) {
+                r.push(i);
+                c.push(j);
+            }
+        }
+    }
+    let count = r.len() as i64;
+    r.extend(c);
+    let flat = crate::frontend::resample::index_const(&mut ctx.b, &r)?;
+    let pairs = ctx
+        .b
+        .reshape(flat, vec![Dim::Const(2), Dim::Const(count)])?;
+    let dtype = n.dtype("dtype", usize::MAX)?.unwrap_or(DType::I64);
+    Ok(Out::Value(ctx.b.cast(pairs, dtype)?))
 }

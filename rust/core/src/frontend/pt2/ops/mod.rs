@@ -10,6 +10,7 @@ mod grid_sample;
 mod group_norm;
 mod index;
 mod linalg;
+mod math;
 mod nn;
 mod pool;
 mod reduce;
@@ -52,6 +53,7 @@ pub fn handler(target: &str) -> Option<Handler> {
         .or_else(|| sort::handler(name, overload))
         .or_else(|| grid_sample::handler(name, overload))
         .or_else(|| embedding_bag::handler(name, overload))
+        .or_else(|| math::handler(name, overload))
 }
 
 /// The tensor argument `name` (schema name) at position `pos`.
