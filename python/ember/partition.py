@@ -87,8 +87,8 @@ class _Guards(torch.nn.Module):
 
 
 class _Region(torch.nn.Module):
-    """A compiled region in the eager graph (``call_module`` needs a module). Compiled
-    graphs always return a tuple; a region with one output returns it bare."""
+    """A compiled region in the eager graph (``call_module`` needs a module). Its graph
+    returns a tuple, compiled or run eagerly; a region with one output returns it bare."""
 
     def __init__(self, run: Callable[..., Any], single_output: bool) -> None:
         super().__init__()
@@ -191,6 +191,11 @@ def partition(
                 node.meta.setdefault("example_value", node.meta["val"])
         (output,) = [node for node in sub.graph.nodes if node.op == "output"]
         single = not isinstance(output.args[0], tuple | list)
+        if single:
+            # A region returns a tuple however it runs: compiled, or its own graph eagerly
+            # when Ember refuses an op's arguments (`_Region` unwraps the one output).
+            output.args = ((output.args[0],),)
+            sub.recompile()
         setattr(module, name, _Region(compile_region(sub), single))
         regions += 1
     return Partitioned(module, unsupported, regions)

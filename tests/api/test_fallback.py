@@ -81,6 +81,21 @@ def test_unsupported_ops_run_eagerly_between_compiled_regions():
     torch.testing.assert_close(_no_warnings(compiled, y), model(y))
 
 
+def test_a_region_ember_refuses_runs_eagerly_with_its_whole_output():
+    """A region whose op Ember supports by name but refuses for its arguments (erfinv of
+    float64) runs its own graph eagerly; its one output comes back whole (it once came back
+    as its first element)."""
+
+    def fn(x):
+        return triple(torch.erfinv(x.double() * 0.5)).float() + 1
+
+    compiled = torch.compile(fn, backend="ember")
+    x = rand(5, low=-1, high=1)
+    with pytest.warns(UserWarning, match="ember"):
+        out = compiled(x)
+    torch.testing.assert_close(out, fn(x))
+
+
 def test_split_graph_inputs_are_not_mutated():
     model = Sandwich().eval()
     compiled = torch.compile(model, backend="ember")

@@ -19,5 +19,5 @@ pub use translate::{load, Pt2Program, MUTATION_PREFIX};
 /// `torch.ops.aten.add.Tensor` or `_operator.mul`). Decided by name: a supported op can
 /// still refuse particular arguments when the graph is loaded.
 pub fn supports(target: &str) -> bool {
-    ops::handler(target).is_some()
+    ops::handler(target).is_some() || complex::handles(target)
 }
