@@ -1,6 +1,7 @@
 """Elementwise ops: math, arithmetic with type promotion and broadcasting, comparisons,
 logical ops, where/clamp/masked_fill, integer division and remainder with torch's rounding."""
 
+import ember
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,16 +95,22 @@ DERIVED = {
     "exp2": torch.exp2,
     "log2": torch.log2,
     "log10": torch.log10,
+    "erfinv": torch.erfinv,
 }
 DERIVED_EDGES = [0.0, -0.0, 1e-30, -3e-8, 1e-4, 0.5, -0.7, 0.9999, 1.0, -1.0, 1.0001, 2.0]
 DERIVED_EDGES += [20.0, -20.0, 88.9, -89.3, 127.9, 1e10, -1e10, 3e38, 1e-40]
-DERIVED_EDGES += [float("inf"), -float("inf"), float("nan")]
+DERIVED_EDGES += [float("inf"), -float("inf"), float("nan"), 0.999999, -0.9999999, 0.3]
 
 
 @pytest.mark.parametrize("name", sorted(DERIVED))
 def test_derived_math_at_edge_values(name, backend):
     x = torch.tensor(DERIVED_EDGES)
     check(DERIVED[name], [x], backend, new_inputs=[rand(37, low=-0.99, high=0.99)])
+
+
+def test_erfinv_of_float64_is_named():
+    with pytest.raises(ember.UnsupportedOpError, match="erfinv"):
+        ember.compile(torch.erfinv, rand(5, dtype=torch.float64), fallback="error")
 
 
 def test_hypot_copysign_signbit_and_half_inputs(backend):

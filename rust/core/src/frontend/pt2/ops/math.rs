@@ -1,14 +1,14 @@
 //! Math functions written out from the IR's primitives, in the forms that keep their
 //! accuracy: inverse trigonometric functions through `atan2`, hyperbolic ones through
 //! `expm1`/`log1p` (no cancellation near 0), exp2/log2/log10, hypot, copysign, signbit and
-//! logcumsumexp. sinh and cosh run in f64 (their exponentials overflow f32 before they do).
+//! logcumsumexp, erfinv. sinh, cosh and erfinv run in f64 (their exponentials overflow f32 before they do).
 //! Half-precision inputs are computed in f32 and rounded once at the end, as
 //! torch's CPU kernels do.
 
 use super::reduce::reduce;
 use super::{axis, operand, tensor, Handler};
 use crate::dtype::{DType, Scalar};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::frontend::builder::Operand;
 use crate::frontend::pt2::args::NodeArgs;
 use crate::frontend::pt2::translate::{Ctx, Out};
@@ -31,6 +31,7 @@ pub fn handler(name: &str, overload: &str) -> Option<Handler> {
         ("log10", "default") => {
             |c, n| unary(c, n, |c, x| scaled_log(c, x, std::f64::consts::LOG10_E))
         }
+        ("erfinv" | "special_erfinv", "default") => erfinv_op,
         ("hypot", "default") => hypot,
         ("copysign", "Tensor" | "Scalar") => copysign,
         ("signbit", "default") => signbit_op,
@@ -173,6 +174,92 @@ fn atanh(ctx: &mut Ctx, x: ValueId) -> Result<ValueId> {
     let ratio = bin(ctx, BinaryOp::Div, t(twice), t(rest))?;
     let log = ctx.b.unary(UnaryOp::Log1p, ratio)?;
     bin(ctx, BinaryOp::Mul, t(log), num(0.5))
+}
+
+/// Giles's single-precision erfinv polynomials ("Approximating the erfinv function", 2010),
+/// highest power first: in w − 2.5 for w = −ln(1 − y²) < 5, else in √w − 3.
+const ERFINV_CENTRAL: [f64; 9] = [
+    2.810_226_36e-08,
+    3.432_739_39e-07,
+    -3.523_387_7e-06,
+    -4.391_506_54e-06,
+    2.185_808_7e-04,
+    -1.253_725_03e-03,
+    -4.177_681_64e-03,
+    2.466_407_27e-01,
+    1.501_409_41,
+];
+const ERFINV_TAIL: [f64; 9] = [
+    -2.002_142_57e-04,
+    1.009_505_58e-04,
+    1.349_343_22e-03,
+    -3.673_428_44e-03,
+    5.739_507_73e-03,
+    -7.622_461_3e-03,
+    9.438_870_47e-03,
+    1.001_674_06,
+    2.832_976_82,
+];
+
+fn horner(ctx: &mut Ctx, w: ValueId, coefficients: &[f64]) -> Result<ValueId> {
+    let mut p = ctx
+        .b
+        .full(Scalar::Float(coefficients[0]), ctx.b.dtype(w), vec![])?;
+    for &c in &coefficients[1..] {
+        let pw = bin(ctx, BinaryOp::Mul, t(p), t(w))?;
+        p = bin(ctx, BinaryOp::Add, t(pw), num(c))?;
+    }
+    Ok(p)
+}
+
+/// The inverse error function (y in f64): Giles's approximation (~1e-7 relative), then two
+/// Newton steps on erf(x) = y, each x −= (erf(x) − y)·(√π/2)·e^(x²): well past f32's
+/// accuracy (near ±1, erf(x) − y cancels, which bounds it near 1e-11).
+/// ±1 gives ±inf and |y| > 1 NaN, as torch.
+fn erfinv(ctx: &mut Ctx, y: ValueId) -> Result<ValueId> {
+    let below = bin(ctx, BinaryOp::Sub, num(1.0), t(y))?;
+    let above = bin(ctx, BinaryOp::Add, num(1.0), t(y))?;
+    let product = bin(ctx, BinaryOp::Mul, t(below), t(above))?;
+    let log = ctx.b.unary(UnaryOp::Log, product)?;
+    let w = ctx.b.unary(UnaryOp::Neg, log)?;
+    let central_w = bin(ctx, BinaryOp::Sub, t(w), num(2.5))?;
+    let central = horner(ctx, central_w, &ERFINV_CENTRAL)?;
+    let root = ctx.b.unary(UnaryOp::Sqrt, w)?;
+    let tail_w = bin(ctx, BinaryOp::Sub, t(root), num(3.0))?;
+    let tail = horner(ctx, tail_w, &ERFINV_TAIL)?;
+    let is_central = bin(ctx, BinaryOp::Lt, t(w), num(5.0))?;
+    let p = ctx.b.where_(is_central, t(central), t(tail))?;
+    let mut x = bin(ctx, BinaryOp::Mul, t(p), t(y))?;
+    let half_sqrt_pi = std::f64::consts::PI.sqrt() / 2.0;
+    for _ in 0..2 {
+        let erf = ctx.b.unary(UnaryOp::Erf, x)?;
+        let miss = bin(ctx, BinaryOp::Sub, t(erf), t(y))?;
+        let sq = bin(ctx, BinaryOp::Mul, t(x), t(x))?;
+        let e = ctx.b.unary(UnaryOp::Exp, sq)?;
+        let slope = bin(ctx, BinaryOp::Mul, t(e), num(half_sqrt_pi))?;
+        let step = bin(ctx, BinaryOp::Mul, t(miss), t(slope))?;
+        x = bin(ctx, BinaryOp::Sub, t(x), t(step))?;
+    }
+    let magnitude = ctx.b.unary(UnaryOp::Abs, y)?;
+    let edge = bin(ctx, BinaryOp::Eq, t(magnitude), num(1.0))?;
+    let infinite = bin(ctx, BinaryOp::Mul, t(y), num(f64::INFINITY))?;
+    let x = ctx.b.where_(edge, t(infinite), t(x))?;
+    let outside = bin(ctx, BinaryOp::Gt, t(magnitude), num(1.0))?;
+    ctx.b.where_(outside, num(f64::NAN), t(x))
+}
+
+/// erfinv up to f32: computed in f64, whose Newton steps resolve f32's tail. An f64 input
+/// near ±1 would need erfc to resolve its own tail, which the IR lacks: refused.
+fn erfinv_op(ctx: &mut Ctx, n: &NodeArgs) -> Result<Out> {
+    if ctx.b.dtype(tensor(ctx, n, "self", 0)?) == DType::F64 {
+        return Err(Error::unsupported_because(
+            "aten.erfinv",
+            &n.name,
+            "a float64 input (Ember's erfinv is accurate to float32; it would need erfc for \
+             float64's tail)",
+        ));
+    }
+    unary_in_f64(ctx, n, erfinv)
 }
 
 fn exp2(ctx: &mut Ctx, x: ValueId) -> Result<ValueId> {
