@@ -376,15 +376,16 @@ pub fn scan(x: &Val, axis: usize, op: ScanOp) -> KResult<Val> {
             let v = x.view::<$T>()?.permuted(&perm);
             let out = Val::build::<$T>(x.dtype, &shape, |o| {
                 for_rows(&v, o, |row, out_row| {
-                    let mut acc: Option<$A> = None;
-                    for (d, &s) in out_row.iter_mut().zip(row) {
-                        let s: $A = $load(s);
-                        let a = match acc {
-                            Some(a) => $step(a, s),
-                            None => s,
-                        };
-                        acc = Some(a);
-                        *d = $store(a);
+                    // The first element starts the scan; the rest fold into it.
+                    let mut pairs = out_row.iter_mut().zip(row);
+                    let Some((first, &s)) = pairs.next() else {
+                        return;
+                    };
+                    let mut acc: $A = $load(s);
+                    *first = $store(acc);
+                    for (d, &s) in pairs {
+                        acc = $step(acc, $load(s));
+                        *d = $store(acc);
                     }
                 });
                 Ok(())

@@ -214,27 +214,33 @@ fn add_opt(
     sub: bool,
 ) -> Result<Option<Operand>> {
     Ok(match (a, b) {
-        (Some(a), Some(b)) => {
-            let op = if sub { BinaryOp::Sub } else { BinaryOp::Add };
-            Some(Operand::Tensor(ctx.b.binary(op, a, b)?))
-        }
-        (Some(a), None) => Some(a),
-        (None, Some(b)) if sub => Some(Operand::Tensor(neg(ctx, b)?)),
+        (Some(a), b) => Some(combine(ctx, a, b, sub)?),
+        (None, Some(b)) if sub => Some(Operand::Tensor(ctx.b.binary(
+            BinaryOp::Mul,
+            b,
+            Operand::Scalar(Scalar::Int(-1)),
+        )?)),
         (None, b) => b,
     })
 }
 
-fn neg(ctx: &mut Ctx, v: Operand) -> Result<ValueId> {
-    ctx.b
-        .binary(BinaryOp::Mul, v, Operand::Scalar(Scalar::Int(-1)))
+/// a ± b, b absent meaning zero.
+fn combine(ctx: &mut Ctx, a: Operand, b: Option<Operand>, sub: bool) -> Result<Operand> {
+    let Some(b) = b else { return Ok(a) };
+    let op = if sub { BinaryOp::Sub } else { BinaryOp::Add };
+    Ok(Operand::Tensor(ctx.b.binary(op, a, b)?))
+}
+
+fn mul(ctx: &mut Ctx, a: Operand, b: Operand) -> Result<Operand> {
+    Ok(Operand::Tensor(ctx.b.binary(BinaryOp::Mul, a, b)?))
 }
 
 /// a·b where either may be absent (zero).
 fn mul_opt(ctx: &mut Ctx, a: Option<Operand>, b: Option<Operand>) -> Result<Option<Operand>> {
-    Ok(match (a, b) {
-        (Some(a), Some(b)) => Some(Operand::Tensor(ctx.b.binary(BinaryOp::Mul, a, b)?)),
-        _ => None,
-    })
+    match (a, b) {
+        (Some(a), Some(b)) => mul(ctx, a, b).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Complex mul, div, add, sub and rsub (with `alpha`), either side complex, real or a
@@ -252,61 +258,55 @@ fn arithmetic(ctx: &mut Ctx, n: &NodeArgs, op: &str) -> Result<Out> {
         op
     };
     if let Some(alpha) = n.scalar("alpha", 2)? {
-        let alpha = Some(Operand::Scalar(alpha));
+        let alpha = Operand::Scalar(alpha);
         b = Parts {
-            re: mul_opt(ctx, Some(b.re), alpha)?.expect("both present"),
-            im: mul_opt(ctx, b.im, alpha)?,
+            re: mul(ctx, b.re, alpha)?,
+            im: mul_opt(ctx, b.im, Some(alpha))?,
         };
     }
     let (re, im) = match op {
         "add" | "sub" => {
             let sub = op == "sub";
             (
-                add_opt(ctx, Some(a.re), Some(b.re), sub)?,
+                combine(ctx, a.re, Some(b.re), sub)?,
                 add_opt(ctx, a.im, b.im, sub)?,
             )
         }
         "mul" => {
             // (a + bi)(c + di) = (ac − bd) + (ad + bc)i
-            let ac = mul_opt(ctx, Some(a.re), Some(b.re))?;
+            let ac = mul(ctx, a.re, b.re)?;
             let bd = mul_opt(ctx, a.im, b.im)?;
             let ad = mul_opt(ctx, Some(a.re), b.im)?;
             let bc = mul_opt(ctx, a.im, Some(b.re))?;
-            (add_opt(ctx, ac, bd, true)?, add_opt(ctx, ad, bc, false)?)
+            (combine(ctx, ac, bd, true)?, add_opt(ctx, ad, bc, false)?)
         }
         _ => {
             // (a + bi)/(c + di) = ((ac + bd) + (bc − ad)i) / (c² + d²)
             if n.string("rounding_mode", 2)?.is_some() {
                 return Err(unsupported(n));
             }
-            let ac = mul_opt(ctx, Some(a.re), Some(b.re))?;
+            let ac = mul(ctx, a.re, b.re)?;
             let bd = mul_opt(ctx, a.im, b.im)?;
             let bc = mul_opt(ctx, a.im, Some(b.re))?;
             let ad = mul_opt(ctx, Some(a.re), b.im)?;
-            let cc = mul_opt(ctx, Some(b.re), Some(b.re))?;
+            let cc = mul(ctx, b.re, b.re)?;
             let dd = mul_opt(ctx, b.im, b.im)?;
-            let denominator = add_opt(ctx, cc, dd, false)?.expect("c² present");
-            let over = |ctx: &mut Ctx, v: Option<Operand>| -> Result<Option<Operand>> {
-                v.map(|v| {
-                    ctx.b
-                        .binary(BinaryOp::Div, v, denominator)
-                        .map(Operand::Tensor)
-                })
-                .transpose()
-            };
-            let re = add_opt(ctx, ac, bd, false)?;
+            let denominator = combine(ctx, cc, dd, false)?;
+            let re = combine(ctx, ac, bd, false)?;
             let im = add_opt(ctx, bc, ad, true)?;
-            (over(ctx, re)?, over(ctx, im)?)
+            let over = |ctx: &mut Ctx, v: Operand| -> Result<Operand> {
+                Ok(Operand::Tensor(ctx.b.binary(
+                    BinaryOp::Div,
+                    v,
+                    denominator,
+                )?))
+            };
+            (over(ctx, re)?, im.map(|im| over(ctx, im)).transpose()?)
         }
     };
-    let re = re.expect("a real part");
-    let im = match im {
-        Some(im) => im,
-        None => Operand::Tensor(ctx.b.binary(
-            BinaryOp::Mul,
-            re,
-            Operand::Scalar(Scalar::Int(0)),
-        )?),
+    // Both operands real cannot reach here: a complex value is involved.
+    let Some(im) = im else {
+        return Err(unsupported(n));
     };
     let as_tensor = |v: Operand| -> Result<ValueId> {
         match v {

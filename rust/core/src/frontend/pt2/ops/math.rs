@@ -107,21 +107,22 @@ fn atan(ctx: &mut Ctx, x: ValueId) -> Result<ValueId> {
     atan2(ctx, t(x), num(1.0))
 }
 
+/// (f(x) ⊕ f(−x)) / 2.
+fn half_of_both_signs(ctx: &mut Ctx, x: ValueId, f: UnaryOp, combine: BinaryOp) -> Result<ValueId> {
+    let up = ctx.b.unary(f, x)?;
+    let neg = ctx.b.unary(UnaryOp::Neg, x)?;
+    let down = ctx.b.unary(f, neg)?;
+    let both = bin(ctx, combine, t(up), t(down))?;
+    bin(ctx, BinaryOp::Mul, t(both), num(0.5))
+}
+
 /// (expm1(x) − expm1(−x)) / 2: exact to rounding near 0, where eˣ − e⁻ˣ cancels.
 fn sinh(ctx: &mut Ctx, x: ValueId) -> Result<ValueId> {
-    let up = ctx.b.unary(UnaryOp::Expm1, x)?;
-    let neg = ctx.b.unary(UnaryOp::Neg, x)?;
-    let down = ctx.b.unary(UnaryOp::Expm1, neg)?;
-    let diff = bin(ctx, BinaryOp::Sub, t(up), t(down))?;
-    bin(ctx, BinaryOp::Mul, t(diff), num(0.5))
+    half_of_both_signs(ctx, x, UnaryOp::Expm1, BinaryOp::Sub)
 }
 
 fn cosh(ctx: &mut Ctx, x: ValueId) -> Result<ValueId> {
-    let up = ctx.b.unary(UnaryOp::Exp, x)?;
-    let neg = ctx.b.unary(UnaryOp::Neg, x)?;
-    let down = ctx.b.unary(UnaryOp::Exp, neg)?;
-    let sum = bin(ctx, BinaryOp::Add, t(up), t(down))?;
-    bin(ctx, BinaryOp::Mul, t(sum), num(0.5))
+    half_of_both_signs(ctx, x, UnaryOp::Exp, BinaryOp::Add)
 }
 
 /// Beyond this, x² swamps 1 in any float type and asinh/acosh are ln(2x).
